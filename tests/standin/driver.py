@@ -1,0 +1,84 @@
+"""The stand-in's guest driver: what hluk's Python driver does inside the micro-VM.
+
+The stand-in hluk runs this file's text with ``python -I -X utf8 -c`` inside bubblewrap. It
+reproduces the driver's contract from docs/hluk.md and nothing kinder: the code runs in the
+globals of ``__main__`` with no ``__file__``, ``sys.argv`` is the driver's name, threads are not
+joined and atexit handlers do not run when the code returns, and the status is reported through a
+private descriptor so the stand-in can tell "the driver returned N" from "the guest process died".
+"""
+
+import json
+import os
+import runpy
+import shlex
+import sys
+import traceback
+
+# The stand-in compiles this file under this name; its frames are left out of tracebacks, as
+# the real driver's C frames are.
+DRIVER_FILENAME = "<hl_driver>"
+
+
+def _status_of(exc: BaseException) -> int:
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code & 0xFF
+        print(code, file=sys.stderr)
+        return 1
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == DRIVER_FILENAME:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+    return 1
+
+
+def _clean_main_globals() -> dict:
+    namespace = sys.modules["__main__"].__dict__
+    keep = {"__name__", "__doc__", "__package__", "__loader__", "__spec__", "__builtins__"}
+    for name in list(namespace):
+        if name not in keep:
+            del namespace[name]
+    namespace["__annotations__"] = {}
+    return namespace
+
+
+def _run(config: dict) -> int:
+    namespace = _clean_main_globals()
+    if config["warm_exec"] is not None:
+        exec(compile(config["warm_exec"], "<string>", "exec"), namespace)
+    if config["guest_exec"] is not None:
+        argv = shlex.split(config["guest_exec"])
+        sys.argv = argv
+        runpy.run_path(argv[0], run_name="__main__")
+    else:
+        exec(compile(config["code"], "<string>", "exec"), namespace)
+    return 0
+
+
+def main() -> None:
+    config = json.loads(sys.argv[2])
+    status_fd = config["status_fd"]
+    os.set_inheritable(status_fd, False)
+    sys.argv = [config["argv0"]]
+    # Only PATH and the --env entries reach the guest; CPython itself adds PWD/LC_CTYPE here.
+    os.environ.clear()
+    os.environ.update(config["environ"])
+    try:
+        status = _run(config)
+    except BaseException as exc:
+        status = _status_of(exc)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os.write(status_fd, b"%d\n" % status)
+    # The call ends here: no thread is joined, no atexit handler runs.
+    os._exit(status)
+
+
+if __name__ == "_hl_driver":
+    main()
