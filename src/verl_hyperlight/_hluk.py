@@ -164,7 +164,7 @@ def run(argv: list[str], nonce: str, run_timeout: float, startup_timeout: float)
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             close_fds=True,
-            preexec_fn=die_with_parent,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - nothing else sets PDEATHSIG
         )
     except FileNotFoundError:
         raise BackendError(
