@@ -1,0 +1,159 @@
+"""Cases in real Hyperlight micro-VMs, through the hluk on PATH (or HLUK_PATH / HLUK_INITRD).
+
+These need hluk 0.19.0+ and a usable /dev/kvm, so they run only with RUN_ALL=1; everywhere
+else they are skipped with that reason, and the stand-in tests cover the code around them.
+VERL_HYPERLIGHT_TEST_AGENT=1 adds the test that needs the agent image (a large pull).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+
+from verl_hyperlight import _warmup, run_code
+
+pytestmark = [
+    pytest.mark.microvm,
+    pytest.mark.skipif(
+        os.environ.get("RUN_ALL") != "1",
+        reason="real micro-VMs need hluk and /dev/kvm: set RUN_ALL=1 where they are available",
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def real_hluk() -> None:
+    hluk = os.environ.get("HLUK_PATH") or shutil.which("hluk")
+    if hluk is None:
+        pytest.fail("RUN_ALL=1 but no hluk: install it or set HLUK_PATH")
+    if "standin" in hluk:
+        pytest.fail(f"RUN_ALL=1 must run real hluk, not the stand-in ({hluk})")
+    version = subprocess.run([hluk, "--version"], capture_output=True, text=True, timeout=30)
+    assert version.returncode == 0, version.stderr
+
+
+def run(code: str, stdin: str | None = "", timeout: float = 10, **kw: Any) -> dict[str, Any]:
+    response, error = run_code(
+        kw.get("url", "hyperlight://"), code, stdin, 10, timeout, kw.get("memory", 1024)
+    )
+    assert error is None, error
+    assert response is not None
+    assert response["status"] != "SandboxError", response["message"]
+    return response
+
+
+def test_a_solution_reads_its_input_and_its_output_comes_back_exact() -> None:
+    response = run("import sys\nprint(sys.stdin.read()[::-1], end='')", "abc\ndef")
+    assert response["status"] == "Success"
+    assert response["run_result"]["stdout"] == "fed\ncba"
+
+
+def test_stdout_and_stderr_come_back_separate_without_carriage_returns() -> None:
+    response = run("import sys\nprint('out')\nprint('err', file=sys.stderr)\nprint('out2')")
+    assert response["run_result"]["stdout"] == "out\nout2\n"
+    assert response["run_result"]["stderr"] == "err\n"
+
+
+def test_a_runtime_error_shows_the_solutions_traceback() -> None:
+    response = run("def f():\n    return 1 / 0\nf()")
+    assert response["status"] == "Failed"
+    assert response["run_result"]["return_code"] == 1
+    stderr = response["run_result"]["stderr"]
+    assert "solution.py" in stderr and "ZeroDivisionError" in stderr
+    assert "runner" not in stderr
+
+
+def test_the_solution_runs_as_main_from_its_own_writable_directory() -> None:
+    code = (
+        "import os, sys\n"
+        "open('scratch.txt', 'w').write('x')\n"
+        "print(__name__, os.path.basename(__file__), sys.argv[0] == __file__,\n"
+        "      os.getcwd() == os.path.dirname(__file__) == sys.path[0])\n"
+    )
+    assert run(code)["run_result"]["stdout"] == "__main__ solution.py True True\n"
+
+
+def test_dev_stdin_and_proc_self_fd_open_the_solutions_own_input() -> None:
+    code = "print(open('/dev/stdin').read().strip(), open('/proc/self/fd/0').read() == '')"
+    assert run(code, "hello\n")["run_result"]["stdout"] == "hello True\n"
+
+
+def test_threads_are_joined_and_atexit_runs_at_the_end() -> None:
+    code = (
+        "import atexit, threading, time\n"
+        "atexit.register(print, 'atexit')\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\n"
+        "print('main')\n"
+    )
+    assert run(code)["run_result"]["stdout"] == "main\nthread\natexit\n"
+
+
+def test_os_exit_keeps_flushed_output_and_its_status() -> None:
+    code = "import os, sys\nprint('kept', flush=True)\nprint('lost')\nos._exit(4)"
+    response = run(code)
+    assert response["run_result"]["return_code"] == 4
+    assert response["run_result"]["stdout"] == "kept\n"
+
+
+def test_an_endless_loop_times_out_counted_from_the_solutions_start() -> None:
+    response = run("while True:\n    pass", timeout=1)
+    assert response["status"] == "Failed"
+    assert response["run_result"]["status"] == "TimeLimitExceeded"
+    assert response["run_result"]["return_code"] is None
+
+
+def test_the_guest_has_no_network_and_no_host_environment_or_files() -> None:
+    code = (
+        "import os, socket\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); print('net')\n"
+        "except OSError:\n    print('no net')\n"
+        "print(sorted(os.environ))\n"
+        "print(os.path.exists(os.path.expanduser('~/.ssh')), os.path.exists('/etc/passwd'))\n"
+    )
+    os.environ["VERL_HYPERLIGHT_SECRET_FOR_TEST"] = "leak"
+    try:
+        out = run(code)["run_result"]["stdout"]
+    finally:
+        del os.environ["VERL_HYPERLIGHT_SECRET_FOR_TEST"]
+    assert out.startswith("no net\n")
+    assert "VERL_HYPERLIGHT_SECRET_FOR_TEST" not in out
+    assert out.endswith("False False\n")
+
+
+def test_random_is_reseeded_in_every_micro_vm() -> None:
+    code = "import random\nprint(random.getrandbits(64))"
+    assert run(code)["run_result"]["stdout"] != run(code)["run_result"]["stdout"]
+
+
+def test_a_solution_exhausting_guest_memory_is_killed_with_137() -> None:
+    response = run("x = bytearray(2 * 1024 ** 3)\nprint(len(x))", memory=256)
+    assert response["status"] == "Failed"
+    assert response["run_result"]["return_code"] in (137, 1)
+
+
+def test_large_output_comes_back_whole() -> None:
+    response = run("import sys\nsys.stdout.write('x' * (10 * 1024 * 1024))", timeout=60)
+    assert response["status"] == "Success"
+    assert len(response["run_result"]["stdout"]) == 10 * 1024 * 1024
+
+
+def test_a_second_process_finds_the_guest_warm() -> None:
+    run("pass")
+    _warmup.forget()
+    run("pass")
+
+
+@pytest.mark.skipif(
+    os.environ.get("VERL_HYPERLIGHT_TEST_AGENT") != "1",
+    reason="the agent image is a large pull: set VERL_HYPERLIGHT_TEST_AGENT=1",
+)
+def test_the_agent_image_has_numpy_and_sympy_reseeded() -> None:
+    code = "import numpy, sympy\nprint(numpy.random.randint(1 << 30), sympy.factorint(12))"
+    first = run(code, url="hyperlight://agent", memory=1024)["run_result"]["stdout"]
+    second = run(code, url="hyperlight://agent", memory=1024)["run_result"]["stdout"]
+    assert first.split()[1:] == second.split()[1:] == ["{2:", "2,", "3:", "1}"]
+    assert first.split()[0] != second.split()[0]
