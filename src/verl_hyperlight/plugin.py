@@ -19,8 +19,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ._api import run_code
-
 logger = logging.getLogger("verl_hyperlight")
 
 SCHEME_PREFIX = "hyperlight:"
@@ -36,7 +34,7 @@ def is_ours(url: object) -> bool:
     return isinstance(url, str) and url.lower().startswith(SCHEME_PREFIX)
 
 
-def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap(original: Callable[..., Any], run_code: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def call_sandbox_api(*args: Any, **kwargs: Any) -> Any:
         url = kwargs.get("sandbox_fusion_url", args[0] if args else None)
@@ -52,6 +50,9 @@ def install() -> str:
     """Route ``hyperlight://`` URLs in the running verl; says how (or why not)."""
     if importlib.util.find_spec("verl") is None:
         return "verl is not installed; nothing to do"
+    # Imported here, inside the guard below, so a broken installation is logged, not lost.
+    from ._api import run_code
+
     for name in (SANDBOX_PACKAGE, SANDBOX_MODULE):
         try:
             module = importlib.import_module(name)
@@ -81,7 +82,7 @@ def install() -> str:
         return "verl's call_sandbox_api is missing"
     if hasattr(original, _WRAPPED_MARK):
         return "already installed"
-    utils.call_sandbox_api = _wrap(original)
+    setattr(utils, "call_sandbox_api", _wrap(original, run_code))  # noqa: B010 - a module we do not type
     return f"wrapped {SANDBOX_MODULE}.call_sandbox_api"
 
 
