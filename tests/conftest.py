@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hostside import host  # noqa: F401 - the fixture of the tests of run_code's host side
 
 STANDIN = Path(__file__).resolve().parent / "standin" / "hluk"
 

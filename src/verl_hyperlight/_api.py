@@ -12,6 +12,8 @@ import math
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -84,13 +86,16 @@ class _FailureLog:
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {}
 
-    def record(self, cause: str, message: str) -> None:
+    def record(
+        self,
+        cause: str,
+        message: str,
+        consequence: str = "every code reward is zero while this lasts",
+    ) -> None:
         with self._lock:
             count = self.counts[cause] = self.counts.get(cause, 0) + 1
         if count == 1:
-            logger.error(
-                "verl-hyperlight: %s (every code reward is zero while this lasts)", message
-            )
+            logger.error("verl-hyperlight: %s (%s)", message, consequence)
         elif math.log10(count).is_integer():
             logger.error("verl-hyperlight: %d cases failed so far with: %s", count, message)
 
@@ -135,14 +140,91 @@ def _validate(
 
 
 def _startup_timeout() -> float:
-    try:
-        return float(os.environ.get(STARTUP_TIMEOUT_ENV, DEFAULT_STARTUP_TIMEOUT))
-    except ValueError:
+    value = os.environ.get(STARTUP_TIMEOUT_ENV)
+    if value is None:
         return DEFAULT_STARTUP_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        failures.record(
+            "startup-timeout-setting",
+            f"{STARTUP_TIMEOUT_ENV}={value!r} is not a positive number of seconds; "
+            f"using {DEFAULT_STARTUP_TIMEOUT:.0f}",
+            consequence="cases still run",
+        )
+        return DEFAULT_STARTUP_TIMEOUT
+    return seconds
+
+
+class _Janitor:
+    """Removes the case directories of a process that died before it could.
+
+    run_code removes each case directory when the case ends, but a worker killed mid-case
+    (SIGKILL, the OOM killer) cannot; its hluk processes die with it, its directories (each
+    holding a solution and up to 256 MiB of stdin) would stay in the temporary directory. So a
+    child process, started with the first case, is told of each directory through a pipe, and
+    removes the ones still listed when the pipe ends: when this process has gone, however it
+    went. The pipe is per-process state, set once under a lock; writes of one short record are
+    atomic, so cases need no lock to report."""
+
+    _CODE = (
+        "import os, shutil\n"
+        "live, rest = set(), b''\n"
+        "while chunk := os.read(0, 65536):\n"
+        "    *records, rest = (rest + chunk).split(b'\\0')\n"
+        "    for record in records:\n"
+        "        (live.add if record[:1] == b'+' else live.discard)(record[1:])\n"
+        "for path in live:\n"
+        "    shutil.rmtree(path, ignore_errors=True)\n"
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = False
+        self._process: subprocess.Popen[bytes] | None = None  # kept: its pipe must stay open
+
+    def tell(self, sign: bytes, directory: str) -> None:
+        """Report a case directory made (b"+") or removed (b"-")."""
+        if not self._started:
+            with self._lock:
+                if not self._started:
+                    self._process = self._start()
+                    self._started = True
+        if self._process is None or self._process.stdin is None:
+            return
+        try:
+            os.write(self._process.stdin.fileno(), sign + os.fsencode(directory) + b"\0")
+        except (OSError, ValueError):
+            pass  # the cleaner is gone: cases still remove their own directories
+
+    def _start(self) -> subprocess.Popen[bytes] | None:
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", self._CODE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                start_new_session=True,  # a signal to the worker's group must not stop it early
+            )
+        except OSError as exc:
+            logger.warning(
+                "verl-hyperlight: cannot start the cleaner of case directories (%s): a reward "
+                "worker that is killed mid-case leaves them in %s",
+                exc,
+                tempfile.gettempdir(),
+            )
+            return None
+
+
+_janitor = _Janitor()
 
 
 def _run_case(path: str, case: Case) -> Response:
     case_dir = tempfile.mkdtemp(prefix="verl-hyperlight-")
+    _janitor.tell(b"+", case_dir)
     try:
         with open(os.path.join(case_dir, "solution.py"), "wb") as f:
             f.write(case.code)
@@ -165,7 +247,7 @@ def _run_case(path: str, case: Case) -> Response:
                     outcome.status is None
                     and not outcome.timed_out
                     and not (
-                        outcome.hluk_stderr.startswith("error: the guest exited with status")
+                        "error: the guest exited with status" in outcome.hluk_stderr
                         or "deadlocked" in outcome.hluk_stderr
                         or outcome.limit_hit
                     )
@@ -187,6 +269,7 @@ def _run_case(path: str, case: Case) -> Response:
         raise AssertionError("unreachable")
     finally:
         shutil.rmtree(case_dir, ignore_errors=True)
+        _janitor.tell(b"-", case_dir)
 
 
 def run_code(
@@ -204,11 +287,11 @@ def run_code(
     del compile_timeout  # Python has no compile step.
     try:
         if language != "python":
-            if language in SANDBOX_FUSION_LANGUAGES:
+            if isinstance(language, str) and language in SANDBOX_FUSION_LANGUAGES:
                 message = (
                     f"verl-hyperlight runs Python only; language {language!r} is not supported"
                 )
-                failures.record("language", message)
+                failures.record("language", message, consequence="those cases score -1")
                 return sandbox_error(message), None
             raise InvalidRequest(f"unknown language {language!r}")
         case = _validate(sandbox_fusion_url, code, stdin, run_timeout, memory_limit_mb)

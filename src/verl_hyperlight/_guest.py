@@ -53,7 +53,8 @@ class Guest:
 
 def image_for(url: str) -> Image:
     """The image a sandbox URL names; InvalidRequest for anything that is not ours."""
-    if not isinstance(url, str) or not url.startswith(SCHEME):
+    # A URL's scheme is case-insensitive, as the plugin's routing treats it.
+    if not isinstance(url, str) or url[: len(SCHEME)].lower() != SCHEME:
         raise InvalidRequest(
             f"unsupported sandbox URL {url!r}: verl-hyperlight serves hyperlight://, "
             "hyperlight://agent or hyperlight://<image reference>"
@@ -80,11 +81,17 @@ def guest_for(url: str, memory_limit_mb: object) -> Guest:
     """The guest for a case: the URL's image with about a third more memory than the solution
     may use, for the guest kernel and interpreter."""
     image = image_for(url)
-    if memory_limit_mb is None or memory_limit_mb in (-1, 0):
+    if memory_limit_mb is None or (
+        not isinstance(memory_limit_mb, bool) and memory_limit_mb in (-1, 0)
+    ):
         return Guest(image, None)
-    if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int | float):
+    if (
+        isinstance(memory_limit_mb, bool)
+        or not isinstance(memory_limit_mb, int | float)
+        or not math.isfinite(memory_limit_mb)  # NaN is not "below" anything: say what it is
+    ):
         raise InvalidRequest(f"memory_limit_mb must be a number or None, not {memory_limit_mb!r}")
-    if not math.isfinite(memory_limit_mb) or memory_limit_mb < image.min_memory_mb:
+    if memory_limit_mb < image.min_memory_mb:
         raise InvalidRequest(
             f"memory_limit_mb={memory_limit_mb} is below what {image.label} boots in: the guest "
             "kernel enforces no per-process limit, so the limit is the micro-VM's memory; "

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import math
 import os
 import re
+import secrets
 import selectors
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ._errors import BackendError
@@ -28,9 +31,18 @@ INSTALL_HINT = "install it (curl -fsSL <hyperlight-unikraft>/install.sh | sh) or
 # misbehaving and is stopped.
 CONSOLE_LIMIT = 2 * (runner.OUTPUT_LIMIT * 4 // 3) + (1 << 20)
 HLUK_STDERR_LIMIT = 64 * 1024
+# Of the console text that is not a frame (driver tracebacks, hluk notes), the end is kept for
+# failure messages.
+NOISE_LIMIT = 4096
 # After the runner's exit frame hluk only has to tear the VM down.
 EXIT_GRACE_SECONDS = 10.0
+# Once hluk has exited, what is left in its pipes is read for this long; a descendant that
+# kept them open (a wrapper that did not exec) is not waited for.
+DRAIN_SECONDS = 1.0
+# Without pidfds (Linux < 5.3), how often hluk's exit is polled.
+EXIT_POLL_SECONDS = 0.2
 PR_SET_PDEATHSIG = 1
+VERSION_TIMEOUT_SECONDS = 30.0
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -63,29 +75,28 @@ def hluk_path() -> str:
     return found
 
 
+def run_to_exit(argv: list[str], timeout: float) -> RawOutcome | None:
+    """Run hluk for something other than a case (--version, a warm-up): until it exits, or
+    None if it has not within `timeout`. Its console is in ``console`` (the last 4 KiB)."""
+    # A nonce no output contains: the run is never "started", so `timeout` bounds all of it.
+    outcome = run(argv, secrets.token_hex(16), math.inf, timeout)
+    if outcome.hluk_status is None or outcome.hluk_status < 0:
+        return None
+    return outcome
+
+
 def check_version(path: str) -> str:
     """Run `hluk --version` and refuse a hluk older than 0.19.0; returns the version."""
-    try:
-        done = subprocess.run(
-            [path, "--version"], capture_output=True, timeout=30, stdin=subprocess.DEVNULL
+    done = run_to_exit([path, "--version"], VERSION_TIMEOUT_SECONDS)
+    if done is None:
+        raise BackendError(
+            f"hluk at {path} did not answer --version within {VERSION_TIMEOUT_SECONDS:.0f} s",
+            "hluk-broken",
         )
-    except FileNotFoundError:
-        raise BackendError(
-            f"hluk was not found at {path}: {INSTALL_HINT}", "hluk-missing"
-        ) from None
-    except PermissionError:
-        raise BackendError(
-            f"hluk at {path} is not executable: chmod +x it, or point HLUK_PATH at hluk itself",
-            "hluk-not-executable",
-        ) from None
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BackendError(
-            f"hluk at {path} did not answer --version: {exc}", "hluk-broken"
-        ) from None
-    text = done.stdout.decode(errors="replace").strip()
+    text = done.console.decode(errors="replace").strip()
     match = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
-    if done.returncode != 0 or match is None:
-        detail = (done.stderr.decode(errors="replace") or text).strip()[:500]
+    if done.hluk_status != 0 or match is None:
+        detail = (done.hluk_stderr or text).strip()[:500]
         raise BackendError(f"hluk at {path} failed on --version: {detail}", "hluk-broken")
     version = tuple(int(part) for part in match.groups())
     if version < MINIMUM_VERSION:
@@ -97,10 +108,25 @@ def check_version(path: str) -> str:
     return match.group(0)
 
 
-def die_with_parent() -> None:
-    """In the child before exec: a group of its own, and SIGKILL when its parent dies."""
-    os.setpgid(0, 0)
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def die_with_parent(parent: int) -> Callable[[], None]:
+    """For preexec_fn: in the child, a process group of its own, and SIGKILL when `parent`
+    (the spawning process) dies, also if it died before the request took effect."""
+
+    def in_child() -> None:
+        os.setpgid(0, 0)
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return in_child
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` exits, where the kernel has them."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -133,24 +159,39 @@ class _Console:
         self._scanned = len(self.data)
 
     def parse(self) -> tuple[dict[str, bytearray], list[bytes], bytes]:
-        """The streams, the exit frame's fields and the text that was not a frame."""
+        """The streams, the exit frame's fields and the last NOISE_LIMIT bytes of the text that
+        was not a frame."""
+        # The runner starts every frame on a line of its own, so frames are found by searching
+        # for a newline and the nonce: a guest that floods the console with empty lines then
+        # costs one pass over the buffer, not a Python object per line (seconds and hundreds
+        # of MiB per case when the console was split into lines).
         streams = {"stdout": bytearray(), "stderr": bytearray()}
         exit_fields: list[bytes] = []
         noise = bytearray()
-        prefix = self.nonce + b" "
-        for line in bytes(self.data).split(b"\n"):
-            line = line.removesuffix(b"\r")
-            if not line.startswith(prefix):
-                if line:
-                    noise += line + b"\n"
-                continue
-            fields = line[len(prefix) :].split(b" ")
+        data = self.data
+        marker = b"\n" + self.nonce + b" "
+        position = 0
+        while position < len(data):
+            found = data.find(marker, position)
+            text_end = len(data) if found < 0 else found
+            noise += data[max(position, text_end - NOISE_LIMIT) : text_end]
+            del noise[:-NOISE_LIMIT]
+            if found < 0:
+                break
+            line_end = data.find(b"\n", found + len(marker))
+            if line_end < 0:
+                line_end = len(data)
+            fields = bytes(data[found + len(marker) : line_end]).removesuffix(b"\r").split(b" ")
+            position = line_end
             kind = fields[0].decode("ascii", "replace")
             if kind in streams and len(fields) == 2:
-                streams[kind] += base64.b64decode(fields[1])
+                try:
+                    streams[kind] += base64.b64decode(fields[1], validate=True)
+                except ValueError:
+                    continue  # not the runner's: a solution that forged a frame gets nothing
             elif kind == "exit":
                 exit_fields = fields[1:]
-        return streams, exit_fields, bytes(noise)
+        return streams, exit_fields, bytes(noise).replace(b"\r\n", b"\n")
 
 
 def run(argv: list[str], nonce: str, run_timeout: float, startup_timeout: float) -> RawOutcome:
@@ -164,7 +205,7 @@ def run(argv: list[str], nonce: str, run_timeout: float, startup_timeout: float)
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             close_fds=True,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - nothing else sets PDEATHSIG
+            preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - only way to PDEATHSIG
         )
     except FileNotFoundError:
         raise BackendError(
@@ -175,23 +216,38 @@ def run(argv: list[str], nonce: str, run_timeout: float, startup_timeout: float)
             f"hluk at {argv[0]} is not executable: chmod +x it, or point HLUK_PATH at hluk itself",
             "hluk-not-executable",
         ) from None
+    except OSError as exc:
+        raise BackendError(f"hluk at {argv[0]} could not start: {exc}", "hluk-broken") from None
     spawned = time.monotonic()
     console = _Console(nonce)
     stderr = bytearray()
     timed_out = False
+    hluk_exited = False
     started_at: float | None = None
     deadline = spawned + startup_timeout
     assert proc.stdout is not None and proc.stderr is not None
     with proc, selectors.DefaultSelector() as selector:
+        exit_fd = _pidfd(proc.pid)
         try:
             selector.register(proc.stdout, selectors.EVENT_READ)
             selector.register(proc.stderr, selectors.EVENT_READ)
-            while selector.get_map():
+            if exit_fd is not None:
+                selector.register(exit_fd, selectors.EVENT_READ)
+            while len(selector.get_map()) > (0 if hluk_exited or exit_fd is None else 1):
                 now = time.monotonic()
                 if now >= deadline:
-                    timed_out = console.started and not console.exited
+                    timed_out = console.started and not console.exited and not hluk_exited
                     break
-                for key, _ in selector.select(deadline - now):
+                wait = (
+                    deadline - now
+                    if exit_fd is not None
+                    else min(deadline - now, EXIT_POLL_SECONDS)
+                )
+                for key, _ in selector.select(wait):
+                    if key.fileobj == exit_fd:
+                        selector.unregister(exit_fd)
+                        hluk_exited = True
+                        continue
                     chunk = os.read(key.fd, 1 << 20)
                     if not chunk:
                         selector.unregister(key.fileobj)
@@ -204,12 +260,18 @@ def run(argv: list[str], nonce: str, run_timeout: float, startup_timeout: float)
                     deadline = started_at + run_timeout
                 if console.exited:
                     deadline = min(deadline, time.monotonic() + EXIT_GRACE_SECONDS)
+                if exit_fd is None and not hluk_exited and proc.poll() is not None:
+                    hluk_exited = True
+                if hluk_exited:
+                    deadline = min(deadline, time.monotonic() + DRAIN_SECONDS)
                 if len(console.data) > CONSOLE_LIMIT:
                     break
         finally:
             # Whatever ended the loop, nothing of this group outlives the call.
             _kill_group(proc)
             proc.wait()
+            if exit_fd is not None:
+                os.close(exit_fd)
     host_elapsed = time.monotonic() - (started_at if started_at is not None else spawned)
     streams, exit_fields, noise = console.parse()
     status: int | None = None
@@ -232,7 +294,7 @@ def run(argv: list[str], nonce: str, run_timeout: float, startup_timeout: float)
         limit_hit=limit_hit,
         hluk_status=proc.returncode if not timed_out else None,
         hluk_stderr=stderr.decode(errors="replace"),
-        console=noise[-4096:],
+        console=noise,
         host_elapsed=host_elapsed,
     )
 
@@ -272,7 +334,10 @@ def classify(stderr: str, status: int | None, path: str, console: str = "") -> B
             "and permissions in hluk's cache (HLUK_CACHE_DIR, else ~/.cache/hluk)",
             "snapshot",
         )
+    # What is left is hluk itself failing (a crash, an unexpected message): say where to look.
     return BackendError(
-        f"hluk at {path} failed (status {status}): {message[:500] or 'no message'}",
+        f"hluk at {path} failed (status {status}): {message[:500] or 'no message'}; check that "
+        "`verl-hyperlight warm-up` succeeds on this node, upgrade hluk if it keeps failing, and "
+        "report the message to hyperlight-unikraft",
         "hluk-failed",
     )

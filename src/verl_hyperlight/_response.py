@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._hluk import RawOutcome
-from .guest.runner import OUTPUT_LIMIT
+from .guest.runner import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
 
 Response = dict[str, Any]
 
@@ -64,8 +64,12 @@ def from_outcome(outcome: RawOutcome, run_timeout: float) -> Response:
         stderr = outcome.hluk_stderr.encode()
         elapsed = outcome.host_elapsed
         if outcome.limit_hit:
-            stderr += b"verl-hyperlight: the console output exceeded its limit; stopped\n"
-            status = status or 1
+            # The solution wrote past the console's limit around the runner (to the console's
+            # descriptor itself) and was killed: stopped for its output as one that prints too
+            # much is, not answered with the status of the SIGKILL that stopped it.
+            stderr += b"verl-hyperlight: the solution's console output exceeded its limit; "
+            stderr += b"it was stopped\n"
+            status = OUTPUT_LIMIT_STATUS
     run = {
         "status": "Finished",
         "execution_time": elapsed,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +27,8 @@ logger = logging.getLogger("verl_hyperlight")
 # A failed warm-up is tried again on a case after this long, not on every case.
 RETRY_AFTER_SECONDS = 30.0
 WARM_UP_TIMEOUT_SECONDS = 900.0
+# The warm-up's workload: it fails unless the warm snapshot holds the runner.
+PROBE = f"import sys; assert {runner.MODULE_NAME!r} in sys.modules"
 
 
 def cache_root() -> Path:
@@ -93,28 +94,15 @@ def _warm_up(path: str, guest: Guest) -> None:
             return
         logger.info("warming up %s (pull and snapshot, once per node)", guest.image.label)
         started = time.monotonic()
-        probe = f"import sys; assert {runner.MODULE_NAME!r} in sys.modules"
-        try:
-            done = subprocess.run(
-                [path, "run", *args, "--exec", probe],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=WARM_UP_TIMEOUT_SECONDS,
-                preexec_fn=_hluk.die_with_parent,
-            )
-        except subprocess.TimeoutExpired:
+        done = _hluk.run_to_exit([path, "run", *args, "--exec", PROBE], WARM_UP_TIMEOUT_SECONDS)
+        if done is None:
             raise BackendError(
                 f"warming up {guest.image.label} took more than {WARM_UP_TIMEOUT_SECONDS:.0f} s: "
                 "check the node's network to the image registry and hluk's cache",
                 "warm-up-timeout",
-            ) from None
-        except OSError as exc:
-            raise BackendError(f"hluk at {path} could not start: {exc}", "hluk-missing") from None
-        if done.returncode != 0:
-            stderr, console = (
-                done.stderr.decode(errors="replace"),
-                done.stdout.decode(errors="replace"),
             )
-            raise _hluk.classify(stderr, done.returncode, path, console)
+        if done.hluk_status != 0:
+            console = done.console.decode(errors="replace")
+            raise _hluk.classify(done.hluk_stderr, done.hluk_status, path, console)
         marker.write_text(f"{version}\n")
         logger.info("%s is warm after %.1f s", guest.image.label, time.monotonic() - started)

@@ -1,0 +1,208 @@
+"""Helpers for the tests of run_code's host side: a stand-in hluk of the test's own, and the
+counts that show what run_code left behind on the host.
+
+conftest.py imports the ``host`` fixture from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from verl_hyperlight import _api, _warmup
+
+URL = "hyperlight://"
+
+
+@dataclass(frozen=True)
+class Host:
+    """The stand-in as one test sees it: a cold cache of its own, the argv of every hluk run,
+    and the temporary directory run_code makes its case directories in."""
+
+    cache: Path
+    argv_log: Path
+    tmpdir: Path
+
+    def runs(self) -> list[list[str]]:
+        """The argv of every hluk run so far, --version included."""
+        if not self.argv_log.exists():
+            return []
+        return [json.loads(line) for line in self.argv_log.read_text().splitlines()]
+
+    def warm_ups(self) -> list[list[str]]:
+        """The warm-up runs: those whose workload is the warm-up's probe."""
+        return [argv for argv in self.runs() if option(argv, "--exec") == _warmup.PROBE]
+
+    def case_runs(self) -> list[list[str]]:
+        """The case runs: those that mount a case directory."""
+        return [argv for argv in self.runs() if "--mount" in argv]
+
+    def case_dirs(self) -> list[Path]:
+        return sorted(self.tmpdir.glob("verl-hyperlight-*"))
+
+
+def option(argv: list[str], name: str) -> str | None:
+    """The value of `name` in a hluk argv, or None."""
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+@pytest.fixture
+def host(hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Host]:
+    """run_code pointed at the stand-in with a cold cache, no boot or pull delay, an argv log,
+    case directories under the test's own temporary directory, and no memory of guests
+    prepared or failures logged by earlier tests."""
+    found = Host(tmp_path / "cache", tmp_path / "argv.jsonl", tmp_path / "tmp")
+    found.tmpdir.mkdir()
+    monkeypatch.setenv("HLUK_CACHE_DIR", str(found.cache))
+    monkeypatch.setenv("HLUK_STANDIN_ARGV_LOG", str(found.argv_log))
+    monkeypatch.setenv("HLUK_STANDIN_BOOT_SECONDS", "0")
+    monkeypatch.setenv("HLUK_STANDIN_PULL_SECONDS", "0")
+    monkeypatch.delenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(found.tmpdir))
+    monkeypatch.setattr(_api, "failures", _api._FailureLog())
+    _warmup.forget()
+    yield found
+    _warmup.forget()
+
+
+def run(
+    code: object,
+    stdin: object = "",
+    run_timeout: object = 10,
+    memory: object = None,
+    url: object = URL,
+    language: object = "python",
+) -> dict[str, Any]:
+    """run_code with these arguments (any types, as a caller may pass); the response, which
+    must be one rather than a request error."""
+    response, error = _api.run_code(url, code, stdin, None, run_timeout, memory, language)  # type: ignore[arg-type]
+    assert error is None and response is not None, error
+    return response
+
+
+def result(response: dict[str, Any]) -> tuple[str, str | None, int | None, str, str]:
+    """(status, run status, return code, stdout, stderr) of a response."""
+    run_result = response["run_result"] or {}
+    return (
+        response["status"],
+        run_result.get("status"),
+        run_result.get("return_code"),
+        run_result.get("stdout", ""),
+        run_result.get("stderr", ""),
+    )
+
+
+def sandbox_error(response: dict[str, Any]) -> str:
+    """The message of a SandboxError response (and that it is one)."""
+    assert (response["status"], response["run_result"]) == ("SandboxError", None), response
+    message: str = response["message"]
+    return message
+
+
+# ---------------------------------------------------------------------------------------------
+# what is left on the host
+
+
+def processes_with(text: str, exclude: tuple[int, ...] = ()) -> list[int]:
+    """Live processes whose command line contains `text` (zombies have none)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def children_of(pid: int) -> set[int]:
+    """The processes whose parent is `pid`, zombies included."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(entry))
+    return found
+
+
+def descendants_of(pid: int) -> dict[int, bytes]:
+    """Every process below `pid`, with its command line."""
+    found: dict[int, bytes] = {}
+    stack = [pid]
+    while stack:
+        for child in children_of(stack.pop()):
+            try:
+                with open(f"/proc/{child}/cmdline", "rb") as f:
+                    found[child] = f.read()
+            except OSError:
+                continue
+            stack.append(child)
+    return found
+
+
+def still_running(processes: dict[int, bytes]) -> dict[int, bytes]:
+    """Those of `processes` that still run the same command line."""
+    alive = {}
+    for pid, cmdline in processes.items():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read() == cmdline and cmdline:
+                    alive[pid] = cmdline
+        except OSError:
+            continue
+    return alive
+
+
+def wait_for(condition: Callable[[], object], limit: float = 10.0) -> object:
+    """Poll `condition` until it is true or `limit` seconds pass; its last value."""
+    deadline = time.monotonic() + limit
+    while True:
+        value = condition()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What this process holds that a case could leak."""
+
+    descriptors: int
+    threads: int
+    children: int
+    case_dirs: int
+
+    @classmethod
+    def now(cls, found: Host) -> Usage:
+        return cls(
+            descriptors=len(os.listdir("/proc/self/fd")),
+            threads=threading.active_count(),
+            children=len(children_of(os.getpid())),
+            case_dirs=len(found.case_dirs()),
+        )
+
+    def minus(self, other: Usage) -> Usage:
+        return Usage(
+            self.descriptors - other.descriptors,
+            self.threads - other.threads,
+            self.children - other.children,
+            self.case_dirs - other.case_dirs,
+        )

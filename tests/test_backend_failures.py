@@ -1,0 +1,204 @@
+"""Backend failures: each one is a SandboxError (never a wrong answer) whose message tells the
+operator what to do, logged at ERROR once per cause per process; one that happened before the
+solution started is retried once."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import STANDIN
+from hostside import Host, result, run, sandbox_error
+
+# A hluk that crashes after the solution started: it forwards the stand-in's console until the
+# runner's start frame has passed, then its VM (the stand-in) dies with it and it panics, as a
+# Rust program does (status 101). --version and the warm-up are the stand-in's own.
+CRASHING_HLUK = """#!{python}
+import os, re, subprocess, sys
+argv = [{python!r}, "-I", "-S", {standin!r}, *sys.argv[1:]]
+workload = sys.argv[sys.argv.index("--exec") + 1] if "--exec" in sys.argv else ""
+nonce = re.search(r"'([0-9a-f]{{32}})'\\)$", workload)
+if nonce is None:
+    os.execv(argv[0], argv)
+start = (nonce.group(1) + " start").encode()
+vm = subprocess.Popen(argv, stdout=subprocess.PIPE)
+seen = b""
+while chunk := os.read(vm.stdout.fileno(), 65536):
+    os.write(1, chunk)
+    seen += chunk
+    if start in seen:
+        vm.kill()
+        vm.wait()
+        os.write(2, b"thread 'main' panicked at src/vmm/vcpu.rs:212:17:\\nunexpected VM exit\\n")
+        os._exit(101)
+sys.exit(vm.wait())
+"""
+
+
+@pytest.fixture
+def fail_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The stand-in's fault injection: write N to it and the next N runs fail before the guest
+    starts (empty: none do)."""
+    path = tmp_path / "fail"
+    path.write_text("0")
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(path))
+    return path
+
+
+def fail_with(monkeypatch: pytest.MonkeyPatch, fail_file: Path, message: str, runs: int) -> None:
+    fail_file.write_text(str(runs))
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_MESSAGE", message)
+
+
+def test_hluk_path_naming_a_missing_file_says_how_to_install_hluk(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HLUK_PATH", str(tmp_path / "no" / "hluk"))
+    message = sandbox_error(run("print(1)"))
+    assert "hluk was not found at" in message
+    assert "install.sh" in message and "HLUK_PATH" in message
+
+
+def test_hluk_path_naming_a_file_that_is_not_executable_says_chmod(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    plain = tmp_path / "hluk"
+    plain.write_text("#!/bin/sh\n")
+    plain.chmod(0o644)
+    monkeypatch.setenv("HLUK_PATH", str(plain))
+    message = sandbox_error(run("print(1)"))
+    assert "is not executable" in message and "chmod +x" in message
+
+
+def test_hluk_older_than_0_19_is_refused_with_a_request_to_upgrade(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HLUK_STANDIN_VERSION", "0.18.3")
+    message = sandbox_error(run("print(1)"))
+    assert "0.18.3" in message and "0.19.0 or later" in message and "upgrade" in message
+    assert host.runs() == [["--version"]]
+
+
+def test_no_access_to_dev_kvm_says_to_join_the_kvm_group(
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 100)
+    message = sandbox_error(run("print(1)"))
+    assert "/dev/kvm: Permission denied" in message
+    assert "kvm group" in message and "usermod -aG kvm" in message
+
+
+def test_an_unknown_image_says_to_check_the_sandbox_url(host: Host) -> None:
+    url = "hyperlight://registry.example/org/nosuch:1"
+    message = sandbox_error(run("print(1)", url=url))
+    # The stand-in, as hluk, cannot find the image's manifest in the registry.
+    assert "manifest unknown" in message
+    assert "check the sandbox URL" in message
+
+
+def test_an_image_pull_failure_says_to_check_the_registry(
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    fail_with(
+        monkeypatch,
+        fail_file,
+        "failed to pull image 'ghcr.io/hyperlight-dev/python:0.19': error sending request for "
+        "url (https://ghcr.io/v2/): connection refused",
+        100,
+    )
+    message = sandbox_error(run("print(1)"))
+    assert "could not pull the image" in message and "connection refused" in message
+    assert "registry" in message and "verl-hyperlight warm-up" in message
+
+
+def test_a_snapshot_failure_says_to_check_hluks_cache(
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    fail_with(monkeypatch, fail_file, "failed to save snapshot: No space left on device", 100)
+    message = sandbox_error(run("print(1)"))
+    assert "No space left on device" in message
+    assert "free space" in message and "HLUK_CACHE_DIR" in message
+
+
+def test_hluk_crashing_after_the_solution_started_is_a_sandbox_error_not_retried(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    crashing = tmp_path / "hluk"
+    crashing.write_text(
+        CRASHING_HLUK.format(python=shlex.quote(sys.executable), standin=str(STANDIN))
+    )
+    crashing.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(crashing))
+    message = sandbox_error(run("import time\nprint('partial', flush=True)\ntime.sleep(30)"))
+    assert "status 101" in message and "panicked" in message
+    assert "upgrade hluk" in message and "report" in message
+    assert len(host.case_runs()) == 1
+
+
+def test_a_failure_before_the_solution_started_is_retried_once(
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    run("pass")
+    fail_with(monkeypatch, fail_file, "failed to restore snapshot: interrupted", 1)
+    assert result(run("print('second try')"))[:4] == ("Success", "Finished", 0, "second try\n")
+    assert len(host.case_runs()) == 1 + 2
+
+
+def test_a_failure_before_the_solution_started_twice_is_a_sandbox_error(
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    run("pass")
+    fail_with(monkeypatch, fail_file, "failed to restore snapshot: interrupted", 2)
+    assert "failed to restore snapshot: interrupted" in sandbox_error(run("print(1)"))
+    assert len(host.case_runs()) == 1 + 2
+
+
+def test_a_guest_that_never_starts_is_a_sandbox_error_distinct_from_a_timeout(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run("pass")
+    monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "1")
+    message = sandbox_error(run("print(1)", run_timeout=30))
+    assert "did not start within 1 s" in message
+    assert "VERL_HYPERLIGHT_STARTUP_TIMEOUT" in message and "max_concurrent" in message
+    assert len(host.case_runs()) == 1 + 2
+
+
+@pytest.mark.parametrize("stage", ["warm-up", "case"])
+def test_each_cause_is_logged_at_error_once_per_process_then_counted(
+    host: Host,
+    monkeypatch: pytest.MonkeyPatch,
+    fail_file: Path,
+    caplog: pytest.LogCaptureFixture,
+    stage: str,
+) -> None:
+    from verl_hyperlight import _api
+
+    caplog.set_level(logging.ERROR, logger="verl_hyperlight")
+    if stage == "case":
+        run("pass")
+    fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 100)
+    for _ in range(2):
+        assert "kvm group" in sandbox_error(run("print(1)"))
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert len(errors) == 1, [record.getMessage() for record in errors]
+    assert "kvm group" in errors[0].getMessage()
+    assert _api.failures.counts == {"kvm": 2}
+
+
+@pytest.mark.parametrize("setting", ["0", "-3", "soon"])
+def test_a_bad_startup_timeout_setting_is_reported_and_the_default_used(
+    host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: str
+) -> None:
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", setting)
+    with caplog.at_level(logging.ERROR, logger="verl_hyperlight"):
+        first = run("print('ran')")
+        second = run("print('ran')")
+    assert result(first)[:4] == result(second)[:4] == ("Success", "Finished", 0, "ran\n")
+    reports = [r for r in caplog.records if "VERL_HYPERLIGHT_STARTUP_TIMEOUT" in r.getMessage()]
+    assert len(reports) == 1
+    assert "using 60" in reports[0].getMessage()

@@ -1,0 +1,138 @@
+"""Process control: hluk runs in a process group of its own, killed whole on a timeout; it dies
+with the process that started it, even one killed by SIGKILL; and nothing of a case (thread,
+descriptor, child process, directory) outlives it, whatever way the case ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hostside import (
+    Host,
+    Usage,
+    descendants_of,
+    processes_with,
+    result,
+    run,
+    still_running,
+    wait_for,
+)
+
+from verl_hyperlight import run_code
+
+
+def sleeper(marker: str) -> str:
+    """A solution line that starts a child process which outlives it unless it is killed."""
+    return (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)  # {marker}'])\n"
+    )
+
+
+def test_a_timeout_kills_the_whole_process_group(host: Host) -> None:
+    marker = uuid.uuid4().hex
+    response = run(sleeper(marker) + "while True:\n    pass\n", run_timeout=1)
+    assert result(response)[:3] == ("Failed", "TimeLimitExceeded", None)
+    assert wait_for(lambda: not processes_with(marker)), processes_with(marker)
+
+
+# A reward worker with several cases in flight, each of which has started a child.
+WORKER = """
+import sys, threading, time
+from verl_hyperlight import run_code
+for _ in range(int(sys.argv[2])):
+    threading.Thread(
+        target=run_code, args=("hyperlight://", sys.argv[1], "", None, 60, None), daemon=True
+    ).start()
+time.sleep(600)
+"""
+
+
+def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
+    host: Host, tmp_path: Path
+) -> None:
+    run("pass")  # the node is warm: the worker goes straight to its cases
+    marker = uuid.uuid4().hex
+    worker_tmp = tmp_path / f"worker-tmp-{marker}"
+    worker_tmp.mkdir()
+    cases = 3
+    code = sleeper(marker) + "import time\ntime.sleep(60)\n"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER, code, str(cases)],
+        env={**os.environ, "TMPDIR": str(worker_tmp)},
+    )
+    try:
+        sleepers = wait_for(lambda: len(processes_with(marker, exclude=(worker.pid,))) == cases)
+        assert sleepers, "the worker's cases did not all start"
+        started = descendants_of(worker.pid)
+        assert len(list(worker_tmp.iterdir())) == cases
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+
+    # hluk, bwrap, the guests and the children they started: every process the worker had.
+    assert wait_for(lambda: not still_running(started)), still_running(started)
+    assert not processes_with(marker)
+    assert wait_for(lambda: not list(worker_tmp.iterdir())), list(worker_tmp.iterdir())
+
+
+def test_nothing_is_left_behind_after_many_cases_including_failures(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    run("pass")
+    before = Usage.now(host)
+    cases = [
+        *[("print(input())", "x\n", 10, "Success")] * 12,
+        *[("raise ValueError(input())", "y\n", 10, "Failed")] * 4,
+        *[("while True:\n    pass\n", "", 1, "Failed")] * 2,
+        ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", "", 60, "Failed"),
+        ("import os\nos._exit(7)\n", "", 10, "Failed"),
+    ]
+    with ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda case: run(*case[:3]), cases))
+    assert [response["status"] for response in responses] == [case[3] for case in cases]
+
+    # A malformed request, and backend failures before and at the start of a case.
+    _, error = run_code("hyperlight://", None, "", None, 1, None)  # type: ignore[arg-type]
+    assert error is not None and error.startswith("Invalid request")
+    fail_file = tmp_path / "fail"
+    fail_file.write_text("2")
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail_file))
+    assert run("print(1)")["status"] == "SandboxError"
+    monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "0.5")
+    assert run("print(1)")["status"] == "SandboxError"
+
+    leaked = Usage.now(host).minus(before)
+    print(f"\nleaked after {len(cases) + 3} cases: {leaked}")
+    assert leaked == Usage(descriptors=0, threads=0, children=0, case_dirs=0)
+    assert not processes_with(str(host.tmpdir))
+
+
+def test_a_guest_death_is_answered_when_hluk_exits_though_a_descendant_holds_its_pipes(
+    host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A wrapper that leaves a process holding hluk's stdout and stderr: hluk's exit, not the end
+    # of its pipes, says the run is over, so the guest's death is not mistaken for a timeout.
+    marker = uuid.uuid4().hex
+    wrapper = tmp_path / "hluk-with-a-lingering-child"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"{sys.executable} -c 'import time; time.sleep(60)  # {marker}' &\n"
+        f'exec {os.environ["HLUK_PATH"]} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(wrapper))
+    code = "import os, signal\nprint('before', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    response = run(code, run_timeout=30)
+    status, run_status, return_code, _, stderr = result(response)
+    assert (status, run_status, return_code) == ("Failed", "Finished", 137)
+    assert "the guest exited with status 137" in stderr
+    assert response["run_result"]["execution_time"] < 30
+    assert wait_for(lambda: not processes_with(marker)), processes_with(marker)

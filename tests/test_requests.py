@@ -1,0 +1,129 @@
+"""Bad input never escapes as an exception: every malformed request gets the documented answer
+(README, "Failures an operator sees"), and never runs hluk."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hostside import Host, result, run, sandbox_error
+
+from verl_hyperlight import _api, run_code
+
+MIB = 1024 * 1024
+
+
+def request_error(**overrides: Any) -> str:
+    """The error of run_code for a request with these arguments changed; it must be one."""
+    arguments: dict[str, Any] = {
+        "sandbox_fusion_url": "hyperlight://",
+        "code": "print(1)",
+        "stdin": "",
+        "compile_timeout": None,
+        "run_timeout": 10,
+        "memory_limit_mb": None,
+        "language": "python",
+        **overrides,
+    }
+    response, error = run_code(**arguments)
+    assert response is None and error is not None, response
+    assert error.startswith("Invalid request: "), error
+    return error
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"code": None}, "code must be a string, not NoneType"),
+        ({"code": 42}, "code must be a string, not int"),
+        ({"code": b"print(1)"}, "code must be a string, not bytes"),
+        ({"code": "#" * (16 * MIB + 1)}, f"code is {16 * MIB + 1} bytes; at most {16 * MIB}"),
+        ({"code": "print('\ud800')"}, "code is not valid Unicode text (surrogates not allowed"),
+        ({"stdin": 42}, "stdin must be a string, not int"),
+        ({"stdin": b"1 2\n"}, "stdin must be a string, not bytes"),
+        ({"stdin": "1 \udc80\n"}, "stdin is not valid Unicode text (surrogates not allowed"),
+        ({"run_timeout": 0}, "run_timeout must be a positive number of seconds, not 0"),
+        ({"run_timeout": -1}, "run_timeout must be a positive number of seconds, not -1"),
+        ({"run_timeout": math.nan}, "run_timeout must be a positive number of seconds, not nan"),
+        ({"run_timeout": math.inf}, "run_timeout must be a positive number of seconds, not inf"),
+        ({"run_timeout": True}, "run_timeout must be a number of seconds, not True"),
+        ({"run_timeout": "5"}, "run_timeout must be a number of seconds, not '5'"),
+        ({"memory_limit_mb": "1024"}, "memory_limit_mb must be a number or None, not '1024'"),
+        ({"memory_limit_mb": math.nan}, "memory_limit_mb must be a number or None, not nan"),
+        ({"memory_limit_mb": True}, "memory_limit_mb must be a number or None, not True"),
+        ({"language": "brainfuck"}, "unknown language 'brainfuck'"),
+        ({"language": None}, "unknown language None"),
+        ({"language": ["python"]}, "unknown language ['python']"),
+        ({"sandbox_fusion_url": "http://x"}, "unsupported sandbox URL 'http://x'"),
+        ({"sandbox_fusion_url": ""}, "unsupported sandbox URL ''"),
+        ({"sandbox_fusion_url": None}, "unsupported sandbox URL None"),
+        (
+            {"sandbox_fusion_url": "hyperlight://not an image"},
+            "unsupported sandbox URL 'hyperlight://not an image'",
+        ),
+    ],
+    ids=lambda value: repr(value)[:40] if isinstance(value, dict) else "",
+)
+def test_a_malformed_request_is_answered_invalid_request_without_running_hluk(
+    host: Host, overrides: dict[str, Any], says: str
+) -> None:
+    assert says in request_error(**overrides)
+    assert host.runs() == []
+
+
+def test_stdin_over_256_mib_is_an_invalid_request(host: Host) -> None:
+    too_long = 256 * MIB + 1
+    assert f"stdin is {too_long} bytes; at most {256 * MIB}" in request_error(stdin="x" * too_long)
+
+
+@pytest.mark.parametrize("language", ["cpp", "java", "nodejs", "pytest"])
+def test_a_sandbox_fusion_language_other_than_python_is_a_sandbox_error_saying_python_only(
+    host: Host, language: str
+) -> None:
+    message = sandbox_error(run("int main() {}", language=language))
+    assert f"runs Python only; language {language!r} is not supported" in message
+    assert host.runs() == []
+
+
+def test_nul_bytes_in_code_are_a_syntax_error_as_cpython_gives(host: Host) -> None:
+    status, run_status, return_code, stdout, stderr = result(run("print(1)\0\nprint(2)\n"))
+    assert (status, run_status, return_code, stdout) == ("Failed", "Finished", 1, "")
+    assert stderr.endswith("SyntaxError: source code cannot contain null bytes\n")
+
+
+def test_nul_bytes_in_stdin_reach_the_solution_unchanged(host: Host) -> None:
+    code = "import sys\nsys.stdout.write(sys.stdin.read())"
+    assert result(run(code, stdin="a\0b\0\n\0"))[:4] == ("Success", "Finished", 0, "a\0b\0\n\0")
+
+
+def test_the_url_scheme_is_case_insensitive_as_the_plugin_routes_it(host: Host) -> None:
+    assert result(run("print('hi')", url="HyperLight://"))[:4] == ("Success", "Finished", 0, "hi\n")
+
+
+def test_memory_limit_false_is_not_taken_for_zero() -> None:
+    assert "memory_limit_mb must be a number or None, not False" in request_error(
+        memory_limit_mb=False
+    )
+
+
+def test_stdin_none_is_an_empty_input(host: Host) -> None:
+    code = "import sys\nprint(repr(sys.stdin.read()))"
+    assert result(run(code, stdin=None))[:4] == ("Success", "Finished", 0, "''\n")
+
+
+def test_run_timeout_none_is_the_default_of_10_seconds(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _api.DEFAULT_RUN_TIMEOUT == 10
+    assert result(run("print('in time')", run_timeout=None))[:4] == (
+        "Success",
+        "Finished",
+        0,
+        "in time\n",
+    )
+    # The default is what a case without a timeout runs under (shortened here to be seen).
+    monkeypatch.setattr(_api, "DEFAULT_RUN_TIMEOUT", 1.0)
+    response = run("while True:\n    pass\n", run_timeout=None)
+    assert result(response)[:3] == ("Failed", "TimeLimitExceeded", None)
+    assert response["run_result"]["execution_time"] >= 1.0

@@ -1,0 +1,135 @@
+"""Warm-up: each guest runs once per node (pull and snapshot) before the first case, outside any
+case's time, serialized across processes by a file lock beside hluk's cache."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import types
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hostside import Host, option, result, run, sandbox_error
+
+from verl_hyperlight import _warmup
+
+# One worker process: THREADS threads call run_code at once (half with verl's default memory
+# limit, half with the image's default memory: two guests), once a start file appears.
+WORKER = """
+import json, os, sys, threading, time
+from verl_hyperlight import run_code
+
+go, threads = sys.argv[1], int(sys.argv[2])
+results = [None] * threads
+
+def case(i):
+    token = f"{os.getpid()}-{i}"
+    while not os.path.exists(go):
+        time.sleep(0.001)
+    response, error = run_code(
+        "hyperlight://", "print(input()[::-1])", token + "\\n", None, 10, 1024 if i % 2 else None
+    )
+    run = (response or {}).get("run_result") or {}
+    results[i] = [token, error, (response or {}).get("status"), run.get("stdout")]
+
+workers = [threading.Thread(target=case, args=(i,)) for i in range(threads)]
+for worker in workers:
+    worker.start()
+print("ready", flush=True)
+for worker in workers:
+    worker.join()
+print(json.dumps(results), flush=True)
+"""
+
+
+def test_warm_up_runs_once_per_guest_per_node_under_concurrent_first_cases(
+    host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pull and a boot that take long enough for every first case to arrive while they run.
+    monkeypatch.setenv("HLUK_STANDIN_PULL_SECONDS", "1")
+    monkeypatch.setenv("HLUK_STANDIN_BOOT_SECONDS", "0.5")
+    go = tmp_path / "go"
+    processes, threads = 3, 16
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(go), str(threads)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    for worker in workers:
+        assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
+    go.touch()
+    outputs = [worker.communicate(timeout=120)[0] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0] * processes
+
+    answers = [answer for output in outputs for answer in json.loads(output)]
+    assert len(answers) == processes * threads
+    for token, error, status, stdout in answers:
+        assert (error, status, stdout) == (None, "Success", token[::-1] + "\n"), token
+    warm_ups = Counter(option(argv, "--scratch-mb") for argv in host.warm_ups())
+    print(f"\nwarm-up runs: {dict(warm_ups)} (by --scratch-mb) for {len(answers)} first cases")
+    assert warm_ups == {"1366": 1, None: 1}
+    assert len(host.case_runs()) == processes * threads
+
+
+def test_warm_up_runs_before_the_first_case_and_not_again(host: Host) -> None:
+    first = run("print('first')")
+    runs = host.runs()
+    assert result(first)[3] == "first\n"
+    assert [argv[0] for argv in runs] == ["--version", "run", "run"]
+    assert runs[1] in host.warm_ups() and runs[2] in host.case_runs()
+
+    run("print('second')")
+    assert len(host.warm_ups()) == 1
+
+    # Another process on the node (here: this one, having forgotten) finds the marker the
+    # first left beside hluk's cache, and does not run the guest again.
+    _warmup.forget()
+    assert result(run("print('third')"))[:4] == ("Success", "Finished", 0, "third\n")
+    assert len(host.warm_ups()) == 1
+    assert len(host.case_runs()) == 3
+    assert list((host.cache / "verl-hyperlight").glob("*.ready"))
+
+
+def test_warm_up_time_is_not_charged_to_the_first_case(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HLUK_STANDIN_PULL_SECONDS", "1.5")
+    monkeypatch.setenv("HLUK_STANDIN_BOOT_SECONDS", "1")
+    started = time.monotonic()
+    response = run("print('fast')", run_timeout=1)
+    wall = time.monotonic() - started
+    print(f"\nfirst case with a 2.5 s warm-up: {wall:.2f} s wall, run_timeout 1 s")
+    # Within its 1 s although the pull and boot before it took 2.5 s.
+    assert result(response)[:4] == ("Success", "Finished", 0, "fast\n")
+    assert len(host.warm_ups()) == 1
+
+
+def test_a_failed_warm_up_is_retried_after_the_back_off_not_on_every_case(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fail_file = tmp_path / "fail"
+    fail_file.write_text("1")
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail_file))
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_MESSAGE", "failed to save snapshot: disk full")
+    monkeypatch.setattr(_warmup, "RETRY_AFTER_SECONDS", 60.0)
+
+    assert "snapshot" in sandbox_error(run("print(1)"))
+    spawned = len(host.runs())
+    assert len(host.warm_ups()) == 1 and host.case_runs() == []
+
+    # During the back-off a case fails at once, without running hluk at all.
+    assert "snapshot" in sandbox_error(run("print(1)"))
+    assert "snapshot" in sandbox_error(run("print(1)"))
+    assert len(host.runs()) == spawned
+
+    # The back-off over (the warm-up's clock moved past it), the next case warms up again.
+    later = types.SimpleNamespace(monotonic=lambda: time.monotonic() + 61)
+    monkeypatch.setattr(_warmup, "time", later)
+    assert result(run("print('warm')"))[:4] == ("Success", "Finished", 0, "warm\n")
+    assert len(host.warm_ups()) == 2 and len(host.case_runs()) == 1
