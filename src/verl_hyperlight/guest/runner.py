@@ -8,9 +8,12 @@ joins threads nor runs atexit handlers. This module closes each of those gaps fo
   ``sys.path[0]``), with ``__file__`` and ``sys.argv[0]`` set as CPython sets them;
 * its stdin is the case's input file, its stdout and stderr are files in guest memory, so
   nothing it prints crosses the console (a VM exit per write, ``\\n`` turned into ``\\r\\n``);
+  the three streams are built as CPython builds them for pipes;
+* the runner's own frames stay out of sight: out of tracebacks, and out of the recursion
+  depth, so a solution reaches exactly the depth it reaches under ``python solution.py``;
 * at its end it runs CPython's exit sequence (thread exit hooks and joins, atexit, flush with
-  status 120 on failure, module teardown) and only then copies the output out, framed with a
-  per-case nonce the host chose, so no text the solution prints can pass for a frame.
+  status 120 on failure, teardown of ``__main__``) and only then copies the output out, framed
+  with a per-case nonce the host chose, so no text the solution prints can pass for a frame.
 
 It is sent to the guest as the text of hluk's ``--warm-exec`` (see ``warm_exec_code``), so its
 import and the imports it prepares are part of the warm snapshot. It uses only the standard
@@ -19,15 +22,21 @@ library and must run on the guest's CPython.
 
 from __future__ import annotations
 
+import _thread
+import atexit
 import base64
 import builtins
 import gc
 import importlib
 import io
+import operator
 import os
 import sys
+import threading
 import time
 import types
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 # Frames of this module are left out of the solution's tracebacks under this file name.
@@ -41,7 +50,12 @@ OUTPUT_LIMIT = 16 * 1024 * 1024
 OUTPUT_LIMIT_STATUS = 153
 # CPython's status when flushing stdout at exit fails.
 FLUSH_FAILED_STATUS = 120
+# CPython sizes the buffers of its standard streams by the descriptor's st_blksize: a page for
+# the pipes Sandbox Fusion gives it.
+PIPE_BUFFER_SIZE = 4096
 CHUNK = 1 << 20
+INT_MAX = 2**31 - 1
+LONG_MAX = 2**63 - 1
 
 # The real functions, taken before any solution can replace them.
 _os_write = os.write
@@ -50,10 +64,14 @@ _os_dup = os.dup
 _os_open = os.open
 _builtin_open = builtins.open
 _monotonic = time.monotonic
+_setrecursionlimit = sys.setrecursionlimit
+_getrecursionlimit = sys.getrecursionlimit
+_start_new_thread = _thread.start_new_thread
 
 _EXCEPTION_GROUP = getattr(builtins, "BaseExceptionGroup", None)
 _STD_NAMES = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
 _FD_DIRS = ("/dev/fd/", "/proc/self/fd/")
+_MISSING = object()
 
 
 def prepare(modules: list[str]) -> None:
@@ -65,6 +83,28 @@ def prepare(modules: list[str]) -> None:
             continue
 
 
+def _unraisable_hook_args_type() -> Callable[[tuple[object, ...]], Any]:
+    # sys.UnraisableHookArgs is not exposed; the one argument sys.unraisablehook gets is.
+    seen: list[object] = []
+
+    class _Raises:
+        def __del__(self) -> None:
+            raise RuntimeError
+
+    def record(args: object) -> None:
+        seen.append(args)
+
+    hook, sys.unraisablehook = sys.unraisablehook, record
+    try:
+        _Raises()
+    finally:
+        sys.unraisablehook = hook
+    return type(seen[0])
+
+
+_UnraisableHookArgs = _unraisable_hook_args_type()
+
+
 class _Case:
     """The state of the one case this micro-VM runs."""
 
@@ -74,6 +114,13 @@ class _Case:
         self.started = 0.0
         self.finished = False
         self.limit_hit: str | None = None
+        # Python frames beneath the solution's module frame; under `python solution.py` there
+        # are none, so the recursion limit is raised by this many and threads start this deep.
+        self.frames_below = 0
+        # Set once the interpreter would be finalizing: CPython starts no thread from then on.
+        self.finalizing = False
+        # The functions the runner replaced for the solution, with their originals.
+        self.replaced: list[tuple[object, str, object]] = []
 
     def frame(self, *fields: bytes) -> None:
         line = b"\n" + self.nonce + b" " + b" ".join(fields) + b"\n"
@@ -105,6 +152,33 @@ class _Case:
 _case: _Case | None = None
 
 
+def _without_runner_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    frames = []
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename != RUNNER_FILENAME:
+            frames.append(tb)
+        tb = tb.tb_next
+    kept = None
+    for frame_tb in reversed(frames):
+        kept = types.TracebackType(kept, frame_tb.tb_frame, frame_tb.tb_lasti, frame_tb.tb_lineno)
+    return kept
+
+
+class _Hidden:
+    """An exception leaving this block loses the runner's frames, as if raised by the C function
+    the runner stands in for. (Leaving a with block re-raises without adding a frame.)"""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:
+            exc.__traceback__ = _without_runner_frames(exc.__traceback__)
+
+
+_hidden = _Hidden()
+
+
 class _CappedFile(io.FileIO):
     """The solution's stdout or stderr: a file in guest memory that stops the solution when it
     has received more than OUTPUT_LIMIT bytes, instead of letting it run on to its timeout."""
@@ -113,14 +187,17 @@ class _CappedFile(io.FileIO):
     stream = "stdout"
 
     def write(self, data: bytes) -> int:  # type: ignore[override]
-        room = OUTPUT_LIMIT - self.written
-        if len(data) > room:
-            if room > 0:
-                super().write(bytes(data)[:room])
-            _stop_for_output_limit(self.stream)
-        count = super().write(data) or 0
-        self.written += count
-        return count
+        with _hidden:
+            room = OUTPUT_LIMIT - self.written
+            if len(data) > room:
+                if room > 0:
+                    super().write(bytes(data)[:room])
+                self.written = OUTPUT_LIMIT
+                _stop_for_output_limit(self.stream)
+                return max(room, 0)
+            count = super().write(data) or 0
+            self.written += count
+            return count
 
 
 def _stop_for_output_limit(stream: str) -> None:
@@ -147,37 +224,84 @@ def _std_fd(path: object) -> int | None:
 
 
 def _open(file: object, *args: object, **kwargs: object) -> object:
-    fd = _std_fd(file)
-    if fd is not None:
-        kwargs.pop("closefd", None)
-        return _builtin_open(_os_dup(fd), *args, **kwargs)  # type: ignore[call-overload]
-    return _builtin_open(file, *args, **kwargs)  # type: ignore[call-overload]
+    with _hidden:
+        fd = _std_fd(file)
+        if fd is not None:
+            kwargs.pop("closefd", None)
+            return _builtin_open(_os_dup(fd), *args, **kwargs)  # type: ignore[call-overload]
+        return _builtin_open(file, *args, **kwargs)  # type: ignore[call-overload]
 
 
 def _os_open_std(path: object, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
-    fd = _std_fd(path)
-    if fd is not None:
-        return _os_dup(fd)
-    return _os_open(path, flags, mode, dir_fd=dir_fd)  # type: ignore[arg-type]
+    with _hidden:
+        fd = _std_fd(path)
+        if fd is not None:
+            return _os_dup(fd)
+        return _os_open(path, flags, mode, dir_fd=dir_fd)  # type: ignore[arg-type]
 
 
-def _exit_now(status: int) -> None:
+def _c_int(value: object) -> int:
+    """`value` converted as CPython converts an argument to a C int."""
+    number = operator.index(value)  # type: ignore[arg-type]
+    if not -INT_MAX - 1 <= number <= INT_MAX:
+        raise OverflowError("Python int too large to convert to C int")
+    return number
+
+
+def _exit_now(status: object) -> None:
     """os._exit for the solution: what it wrote to its descriptors is kept, as on the host."""
+    with _hidden:
+        code = _c_int(status)
     assert _case is not None
-    _case.finish(status & 0xFF)
-    _os_exit(status)
+    _case.finish(code & 0xFF)
+    _os_exit(code)
 
 
-def _without_runner_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    frames = []
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename != RUNNER_FILENAME:
-            frames.append(tb)
-        tb = tb.tb_next
-    kept = None
-    for frame_tb in reversed(frames):
-        kept = types.TracebackType(kept, frame_tb.tb_frame, frame_tb.tb_lasti, frame_tb.tb_lineno)
-    return kept
+def _frame_depth(frame: types.FrameType | None) -> int:
+    depth = 0
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back
+    return depth
+
+
+def _set_recursion_limit(new_limit: object) -> None:
+    """sys.setrecursionlimit for the solution, which counts none of the runner's frames."""
+    with _hidden:
+        limit = _c_int(new_limit)
+        if limit < 1:
+            raise ValueError("recursion limit must be greater or equal than 1")
+        assert _case is not None
+        depth = _frame_depth(sys._getframe(1)) - _case.frames_below
+        if depth >= limit:
+            raise RecursionError(
+                f"cannot set the recursion limit to {limit} at the recursion depth {depth}: "
+                "the limit is too low"
+            )
+        _setrecursionlimit(min(limit + _case.frames_below, INT_MAX))
+
+
+def _get_recursion_limit() -> int:
+    """sys.getrecursionlimit for the solution."""
+    assert _case is not None
+    return _getrecursionlimit() - _case.frames_below
+
+
+def _descend(levels: int, function: Callable[..., object], args: tuple[object, ...]) -> None:
+    if levels > 0:
+        _descend(levels - 1, function, args)
+    else:
+        function(*args)
+
+
+def _start_thread(function: Callable[..., object], args: tuple[object, ...]) -> int:
+    """threading's thread starter: refuses once the solution has ended, and starts the thread
+    as deep as the solution's main code runs, so both reach the depth they reach in CPython."""
+    with _hidden:
+        assert _case is not None
+        if _case.finalizing:
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+        return _start_new_thread(_descend, (_case.frames_below - 1, function, args))
 
 
 def _strip_runner_frames(exc: BaseException) -> None:
@@ -194,36 +318,82 @@ def _strip_runner_frames(exc: BaseException) -> None:
             stack += list(current.exceptions)
 
 
-def _print_uncaught(exc: BaseException) -> None:
-    _strip_runner_frames(exc)
+def _write_stderr(text: str) -> None:
     try:
-        sys.excepthook(type(exc), exc, exc.__traceback__)
-    except BaseException as hook_error:
-        print("Error in sys.excepthook:", file=sys.stderr)
-        sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
-        print("\nOriginal exception was:", file=sys.stderr)
-        sys.__excepthook__(type(exc), exc, exc.__traceback__)
+        sys.stderr.write(text)
+    except Exception:
+        pass
 
 
-def _exit_status(exc: BaseException) -> int:
-    """The status CPython gives an exception that reaches the top of `python solution.py`."""
-    if isinstance(exc, SystemExit):
-        code = exc.code
-        if code is None:
-            return 0
-        if isinstance(code, int):
+def _write_unraisable(exc: BaseException, obj: object) -> None:
+    """CPython's PyErr_WriteUnraisable: the exception goes to sys.unraisablehook."""
+    _strip_runner_frames(exc)
+    args = _UnraisableHookArgs((type(exc), exc, exc.__traceback__, None, obj))
+    try:
+        sys.unraisablehook(args)
+    except BaseException:
+        sys.__unraisablehook__(args)
+
+
+def _system_exit_status(exc: SystemExit) -> int:
+    """The status CPython exits with for a SystemExit, printing its payload as it does."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        if -LONG_MAX - 1 <= code <= LONG_MAX:
             return code & 0xFF
-        try:
-            sys.stderr.write(f"{code}\n")
-        except Exception:
-            pass
-        return 1
-    _print_uncaught(exc)
+        # CPython's conversion to a C long fails and leaves the error behind, reported as
+        # unraisable while it shuts down; the status is that of -1.
+        _write_unraisable(OverflowError("Python int too large to convert to C long"), None)
+        return 0xFF
+    _write_stderr(f"{code}\n")
     return 1
 
 
+def _exit_status(exc: BaseException) -> int:
+    """CPython's PyErr_Print for an exception that ends `python solution.py`, and the status the
+    interpreter then exits with. Call it outside any except block, and keep no reference to the
+    exception: the hook then gets it as CPython hands it over, with no exception being handled
+    and no reference of the runner's (a dump of it, which CPython prints when sys.stderr is
+    closed, shows its reference count)."""
+    if isinstance(exc, SystemExit):
+        return _system_exit_status(exc)
+    _strip_runner_frames(exc)
+    sys.last_exc = exc  # type: ignore[attr-defined,unused-ignore]
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+    args = (type(exc), exc, exc.__traceback__)
+    del exc
+    hook = getattr(sys, "excepthook", _MISSING)
+    if hook is _MISSING:
+        _write_stderr("sys.excepthook is missing\n")
+        sys.__excepthook__(*args)
+        return 1
+    try:
+        hook(*args)  # type: ignore[operator]
+    except SystemExit as hook_exit:
+        return _system_exit_status(hook_exit)
+    except BaseException as hook_error:
+        _strip_runner_frames(hook_error)
+        _write_stderr("Error in sys.excepthook:\n")
+        sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
+        _write_stderr("\nOriginal exception was:\n")
+        sys.__excepthook__(*args)
+    return 1
+
+
+def _flush_io() -> None:
+    # As CPython flushes once the script's code has ended, before it reports an exception:
+    # errors are ignored.
+    for name in ("stderr", "stdout"):
+        try:
+            getattr(sys, name).flush()
+        except Exception:
+            pass
+
+
 def _flush_std_files() -> bool:
-    """Flush sys.stdout and sys.stderr as CPython does at exit; False when stdout failed."""
+    """Flush sys.stdout and sys.stderr as CPython does at exit; False when one failed."""
     ok = True
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name, None)
@@ -231,66 +401,93 @@ def _flush_std_files() -> bool:
             continue
         try:
             stream.flush()
-        except Exception:
+        except Exception as exc:
+            ok = False
             if name == "stdout":
-                ok = False
-                sys.unraisablehook(_unraisable(stream))  # type: ignore[arg-type]
-            else:
-                ok = False
+                _write_unraisable(exc, stream)
     return ok
 
 
-def _unraisable(obj: object) -> object:
-    exc_type, exc_value, exc_tb = sys.exc_info()
-    return types.SimpleNamespace(
-        exc_type=exc_type, exc_value=exc_value, exc_traceback=exc_tb, err_msg=None, object=obj
-    )
-
-
-def _clear_module(namespace: dict[str, object]) -> None:
-    """Tear down a module's globals in the order CPython does at exit, so __del__ runs."""
+def _clear_module(namespace: dict[Any, Any]) -> None:
+    """Clear a module's globals in the order CPython does for a module still alive at exit."""
     for key in list(namespace):
-        if key.startswith("_") and not key.startswith("__") and namespace[key] is not None:
+        underscored = isinstance(key, str) and key[:1] == "_" and key[1:2] != "_"
+        if underscored and namespace[key] is not None:
             namespace[key] = None
     for key in list(namespace):
-        if key != "__builtins__" and namespace[key] is not None:
+        if isinstance(key, str) and key != "__builtins__" and namespace[key] is not None:
             namespace[key] = None
 
 
-def _interpreter_exit(status: int, namespace: dict[str, object]) -> int:
+def _finalize_main(main: weakref.ref[types.ModuleType]) -> None:
+    """CPython's finalize_modules, as the solution's __main__ sees it: sys's special names
+    cleared, __main__ dropped from sys.modules so that collecting it runs the destructors of its
+    globals, and a module still alive after that cleared name by name."""
+    saved = sys.path, sys.argv, sys.meta_path
+    for name in ("path", "argv", "last_exc", "last_type", "last_value", "last_traceback"):
+        setattr(sys, name, None)
+    sys.meta_path = None  # type: ignore[assignment]
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+    sys.modules["__main__"] = None  # type: ignore[assignment]
+    gc.collect()
+    module = main()
+    if module is not None:
+        _clear_module(module.__dict__)
+        del module
+    gc.collect()
+    sys.path, sys.argv, sys.meta_path = saved
+
+
+def _interpreter_exit(status: int, main: weakref.ref[types.ModuleType]) -> int:
     """CPython's Py_FinalizeEx, as far as a solution can observe it."""
-    import atexit
-    import threading
+    solution_hook = sys.unraisablehook
 
+    def unraisable_hook(args: Any) -> None:
+        # CPython reports an error of a C callback (an atexit handler such as sys.exit) with
+        # the frame running at the time, and none runs while it finalizes; here the runner's
+        # would, so it is dropped.
+        traceback = _without_runner_frames(args.exc_traceback)
+        solution_hook(
+            _UnraisableHookArgs(
+                (args.exc_type, args.exc_value, traceback, args.err_msg, args.object)
+            )
+        )
+
+    sys.unraisablehook = unraisable_hook
     try:
         threading._shutdown()  # type: ignore[attr-defined]
     except BaseException as exc:
-        _print_uncaught(exc)
+        _write_unraisable(exc, threading)
     atexit._run_exitfuncs()
+    if sys.unraisablehook is unraisable_hook:
+        sys.unraisablehook = solution_hook
     if not _flush_std_files():
         status = FLUSH_FAILED_STATUS
     gc.collect()
-    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
-    _clear_module(namespace)
-    gc.collect()
-    if not _flush_std_files():
-        status = FLUSH_FAILED_STATUS
+    _finalize_main(main)
+    # What the teardown printed is flushed as CPython's streams flush when they are destroyed:
+    # silently, whatever happens.
+    _flush_io()
     return status
 
 
 def _std_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]:
-    """New sys.stdin/stdout/stderr over descriptors 0-2, built as CPython builds them for
-    files and pipes: block-buffered stdout, line-buffered stderr with backslashreplace."""
+    """New sys.stdin/stdout/stderr over descriptors 0-2, built as CPython builds them for pipes
+    in a UTF-8 locale: page-sized buffers, no newline translation, surrogateescape on stdin and
+    stdout, block-buffered stdout, line-buffered stderr with backslashreplace."""
     stdin = io.TextIOWrapper(
-        io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding="utf-8", errors="strict"
+        io.BufferedReader(io.FileIO(0, "rb", closefd=False), PIPE_BUFFER_SIZE),
+        encoding="utf-8",
+        errors="surrogateescape",
+        newline="\n",
     )
     stdin.mode = "r"  # type: ignore[misc]
     streams: list[Any] = [stdin]
-    for fd, name, errors in ((1, "stdout", "strict"), (2, "stderr", "backslashreplace")):
+    for fd, name, errors in ((1, "stdout", "surrogateescape"), (2, "stderr", "backslashreplace")):
         raw = _CappedFile(fd, "wb", closefd=False)
         raw.stream = name
         text = io.TextIOWrapper(
-            io.BufferedWriter(raw),  # type: ignore[type-var]
+            io.BufferedWriter(raw, PIPE_BUFFER_SIZE),  # type: ignore[type-var]
             encoding="utf-8",
             errors=errors,
             newline="\n",
@@ -327,16 +524,83 @@ def _reseed() -> None:
 
 
 def _install_main(path: str) -> types.ModuleType:
+    """A fresh __main__ whose globals CPython would have given `python path`, in its order."""
     from importlib.machinery import SourceFileLoader
 
     module = types.ModuleType("__main__")
-    module.__file__ = path
-    module.__cached__ = None  # type: ignore[attr-defined]
-    module.__loader__ = SourceFileLoader("__main__", path)
-    module.__builtins__ = builtins  # type: ignore[attr-defined]
-    module.__annotations__ = {}
+    namespace = module.__dict__
+    namespace["__annotations__"] = {}
+    namespace["__builtins__"] = builtins
+    namespace["__file__"] = path
+    namespace["__cached__"] = None
+    namespace["__loader__"] = SourceFileLoader("__main__", path)
     sys.modules["__main__"] = module
     return module
+
+
+def _patch(case: _Case) -> None:
+    """Put the runner's stand-ins in place of the functions that would show it."""
+
+    def replace(owner: object, name: str, value: object) -> None:
+        case.replaced.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    replace(builtins, "open", _open)
+    replace(io, "open", _open)
+    replace(os, "open", _os_open_std)
+    replace(os, "_exit", _exit_now)
+    replace(sys, "setrecursionlimit", _set_recursion_limit)
+    replace(sys, "getrecursionlimit", _get_recursion_limit)
+    if hasattr(threading, "_start_new_thread"):
+        replace(threading, "_start_new_thread", _start_thread)
+    _setrecursionlimit(_getrecursionlimit() + case.frames_below)
+
+
+def _unpatch(case: _Case) -> None:
+    while case.replaced:
+        owner, name, value = case.replaced.pop()
+        setattr(owner, name, value)
+
+
+def _compile(source: bytes, path: str) -> types.CodeType:
+    """The solution's code, compiled as CPython compiles a script file, whose reader refuses
+    a null byte at its line (compile() would refuse it with no location and other words)."""
+    null = source.find(b"\0")
+    if null >= 0:
+        line = source.count(b"\n", 0, null) + 1
+        text = source[source.rfind(b"\n", 0, null) + 1 : null].decode("utf-8", "replace")
+        raise SyntaxError("source code cannot contain null bytes", (path, line, 0, text, line, 0))
+    return compile(source, path, "exec", dont_inherit=True)
+
+
+def _run(case: _Case, source: bytes, path: str) -> int:
+    """Run the solution as `python path` and return the status it exits with."""
+    module = _install_main(path)
+    namespace = module.__dict__
+    main = weakref.ref(module)
+    del module
+    # The solution's module frame sits on this one.
+    case.frames_below = _frame_depth(sys._getframe())
+    _patch(case)
+    case.frame(b"start")
+    case.started = _monotonic()
+    failures: list[BaseException] = []
+    try:
+        exec(_compile(source, path), namespace)
+    except BaseException as exc:
+        failures.append(exc)
+    _flush_io()
+    exits_inside = bool(failures) and isinstance(failures[0], SystemExit)
+    # The exception is handed over, not kept (see _exit_status).
+    status = _exit_status(failures.pop()) if failures else 0
+    if not exits_inside:
+        # CPython forgets the script's file once its code has ended, unless it exits from
+        # inside (SystemExit finalizes the interpreter there and then).
+        namespace.pop("__file__", None)
+        namespace.pop("__cached__", None)
+    del namespace
+    case.finalizing = True
+    return _interpreter_exit(status, main)
 
 
 def main(case_dir: str, nonce: str) -> None:
@@ -345,8 +609,9 @@ def main(case_dir: str, nonce: str) -> None:
     console = _os_dup(1)
     case = _Case(nonce, console)
     _case = case
-    saved = (sys.stdin, sys.stdout, sys.stderr, sys.modules["__main__"])
+    saved = (sys.stdin, sys.stdout, sys.stderr, sys.modules["__main__"], sys.argv)
     saved_fds = [_os_dup(fd) for fd in (0, 1, 2)]
+    saved_limit = _getrecursionlimit()
 
     os.makedirs(WORK_DIR, exist_ok=True)
     path = os.path.join(WORK_DIR, "solution.py")
@@ -362,25 +627,13 @@ def main(case_dir: str, nonce: str) -> None:
     sys.path[:] = [WORK_DIR, *(p for p in sys.path if p not in ("", "."))]
     sys.argv = [path]
     _reseed()
-    builtins.open = io.open = _open  # type: ignore[assignment]
-    os.open = _os_open_std
-    os._exit = _exit_now  # type: ignore[assignment]
-    module = _install_main(path)
 
-    case.frame(b"start")
-    case.started = _monotonic()
-    try:
-        code = compile(source, path, "exec", dont_inherit=True)
-        exec(code, module.__dict__)
-        status = 0
-    except BaseException as exc:
-        status = _exit_status(exc)
-    status = _interpreter_exit(status, module.__dict__)
+    status = _run(case, source, path)
     case.finish(status)
 
-    builtins.open = io.open = _builtin_open
-    os.open, os._exit = _os_open, _os_exit
+    _unpatch(case)
+    _setrecursionlimit(saved_limit)
     for fd, saved_fd in enumerate(saved_fds):
         os.dup2(saved_fd, fd)
         os.close(saved_fd)
-    sys.stdin, sys.stdout, sys.stderr, sys.modules["__main__"] = saved
+    sys.stdin, sys.stdout, sys.stderr, sys.modules["__main__"], sys.argv = saved

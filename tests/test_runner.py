@@ -1,0 +1,420 @@
+"""The guest runner's pure pieces, on the host: imported directly, never through a micro-VM."""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import sys
+import traceback
+import types
+from pathlib import Path
+
+import pytest
+
+from verl_hyperlight import _guest
+from verl_hyperlight.guest import runner
+
+
+def in_runner(function_source: str, name: str) -> types.FunctionType:
+    """A function whose frames carry the runner's file name, as the runner's do in the guest."""
+    namespace: dict[str, object] = {}
+    exec(compile(function_source, runner.RUNNER_FILENAME, "exec"), namespace)
+    function = namespace[name]
+    assert isinstance(function, types.FunctionType)
+    return function
+
+
+def raise_value_error() -> None:
+    raise ValueError("from the solution")
+
+
+CALL_THROUGH_RUNNER = "def call(function):\n    function()\n"
+
+
+def frame_files(tb: types.TracebackType | None) -> list[str]:
+    return [entry.filename for entry in traceback.extract_tb(tb)]
+
+
+@pytest.fixture
+def guest_runner(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """The runner loaded as the guest loads it (through the warm-exec code), so that its
+    frames carry RUNNER_FILENAME."""
+    monkeypatch.delitem(sys.modules, runner.MODULE_NAME, raising=False)
+    exec(compile(_guest.warm_exec_code(), "<warm-exec>", "exec"), {})
+    loaded = sys.modules[runner.MODULE_NAME]
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+    return loaded
+
+
+# ---------------------------------------------------------------------------------------------
+# _std_fd
+
+
+@pytest.mark.parametrize(
+    ("path", "fd"),
+    [
+        ("/dev/stdin", 0),
+        ("/dev/stdout", 1),
+        ("/dev/stderr", 2),
+        ("/dev/fd/0", 0),
+        ("/dev/fd/7", 7),
+        ("/proc/self/fd/1", 1),
+        ("/proc/self/fd/12", 12),
+        (b"/dev/stdout", 1),
+        (b"/dev/fd/2", 2),
+        (Path("/dev/stderr"), 2),
+        (Path("/proc/self/fd/3"), 3),
+    ],
+)
+def test_std_fd_maps_standard_and_descriptor_paths(path: object, fd: int) -> None:
+    assert runner._std_fd(path) == fd
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/dev/null",
+        "/dev/stdin2",
+        "/dev/fd/",
+        "/dev/fd/x",
+        "/dev/fd/-1",
+        "/dev/fd/1/x",
+        "/proc/1/fd/1",
+        "dev/stdout",
+        "input.txt",
+        0,
+        1,
+        None,
+    ],
+)
+def test_std_fd_leaves_other_paths_and_descriptors_alone(path: object) -> None:
+    assert runner._std_fd(path) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# _exit_status
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        (None, 0),
+        (0, 0),
+        (3, 3),
+        (255, 255),
+        (256, 0),
+        (257, 1),
+        (-1, 255),
+        (True, 1),
+        (False, 0),
+        (2**63 - 1, 255),
+        (-(2**63), 0),
+    ],
+)
+def test_exit_status_of_a_number_is_its_low_byte_silently(
+    capsys: pytest.CaptureFixture[str], code: object, status: int
+) -> None:
+    assert runner._exit_status(SystemExit(code)) == status
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("code", [2**63, 2**70, -(2**63) - 1])
+def test_exit_status_beyond_a_c_long_is_255_with_the_overflow_reported(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], code: int
+) -> None:
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+    assert runner._exit_status(SystemExit(code)) == 255
+    assert capsys.readouterr().err == "OverflowError: Python int too large to convert to C long\n"
+
+
+@pytest.mark.parametrize(
+    ("code", "printed"),
+    [("the message", "the message\n"), (3.0, "3.0\n"), (["a", 1], "['a', 1]\n"), ("", "\n")],
+)
+def test_exit_status_of_any_other_payload_is_1_and_prints_it(
+    capsys: pytest.CaptureFixture[str], code: object, printed: str
+) -> None:
+    assert runner._exit_status(SystemExit(code)) == 1
+    assert capsys.readouterr() == ("", printed)
+
+
+@pytest.fixture
+def clean_sys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let a test set sys.excepthook and sys.last_*: they are put back afterwards."""
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    for name in ("last_exc", "last_type", "last_value", "last_traceback"):
+        monkeypatch.setattr(sys, name, None, raising=False)
+
+
+def caught(function: types.FunctionType, *args: object) -> BaseException:
+    try:
+        function(*args)
+    except BaseException as exc:
+        return exc
+    raise AssertionError("nothing was raised")
+
+
+def test_exit_status_of_an_exception_is_1_with_its_traceback_without_runner_frames(
+    capsys: pytest.CaptureFixture[str], clean_sys: None
+) -> None:
+    exc = caught(in_runner(CALL_THROUGH_RUNNER, "call"), raise_value_error)
+    assert runner.RUNNER_FILENAME in frame_files(exc.__traceback__)
+    assert runner._exit_status(exc) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):\n")
+    assert err.endswith("ValueError: from the solution\n")
+    assert runner.RUNNER_FILENAME not in err
+    assert sys.last_value is exc  # as CPython leaves it for atexit handlers
+
+
+def test_exit_status_uses_sys_excepthook(
+    capsys: pytest.CaptureFixture[str], clean_sys: None
+) -> None:
+    seen: list[object] = []
+    sys.excepthook = lambda kind, value, tb: seen.append((kind, value, sys.exc_info()[0]))
+    exc = KeyError("k")
+    assert runner._exit_status(exc) == 1
+    assert seen == [(KeyError, exc, None)]
+    assert capsys.readouterr() == ("", "")
+
+
+def test_exit_status_when_the_excepthook_raises_prints_both(
+    capsys: pytest.CaptureFixture[str], clean_sys: None, guest_runner: types.ModuleType
+) -> None:
+    def hook(kind: object, value: object, tb: object) -> None:
+        raise TypeError("hook failed")
+
+    sys.excepthook = hook
+    assert guest_runner._exit_status(LookupError("original")) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:2] == ["Error in sys.excepthook:", "Traceback (most recent call last):"]
+    assert lines[2].endswith(", in hook") and lines[3:5] == [
+        '    raise TypeError("hook failed")',
+        "TypeError: hook failed",
+    ]
+    assert lines[5:] == ["", "Original exception was:", "LookupError: original"]
+
+
+def test_exit_status_when_the_excepthook_exits_is_the_exit_status(
+    capsys: pytest.CaptureFixture[str], clean_sys: None
+) -> None:
+    def hook(kind: object, value: object, tb: object) -> None:
+        raise SystemExit(9)
+
+    sys.excepthook = hook
+    assert runner._exit_status(LookupError("original")) == 9
+    assert capsys.readouterr() == ("", "")
+
+
+def test_exit_status_without_an_excepthook_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clean_sys: None
+) -> None:
+    monkeypatch.delattr(sys, "excepthook")
+    assert runner._exit_status(LookupError("original")) == 1
+    assert capsys.readouterr().err == "sys.excepthook is missing\nLookupError: original\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# runner frames
+
+
+def test_without_runner_frames_drops_exactly_the_runner_frames() -> None:
+    call = in_runner(CALL_THROUGH_RUNNER, "call")
+    exc = caught(call, lambda: call(raise_value_error))
+    files = frame_files(exc.__traceback__)
+    assert files.count(runner.RUNNER_FILENAME) == 2
+    kept = runner._without_runner_frames(exc.__traceback__)
+    assert frame_files(kept) == [f for f in files if f != runner.RUNNER_FILENAME]
+    assert [entry.name for entry in traceback.extract_tb(kept)] == [
+        "caught",
+        "<lambda>",
+        "raise_value_error",
+    ]
+
+
+def test_without_runner_frames_of_runner_frames_only_is_none() -> None:
+    fail = in_runner("def fail():\n    raise ValueError\n", "fail")
+    exc = caught(fail)
+    assert runner._without_runner_frames(exc.__traceback__.tb_next) is None  # type: ignore[union-attr]
+    assert runner._without_runner_frames(None) is None
+
+
+def test_hidden_block_raises_as_if_from_c(guest_runner: types.ModuleType) -> None:
+    def solution_calls_open() -> object:
+        return guest_runner._open("/nonexistent/input.txt")
+
+    exc = caught(solution_calls_open)
+    assert isinstance(exc, FileNotFoundError)
+    names = [entry.name for entry in traceback.extract_tb(exc.__traceback__)]
+    assert names == ["caught", "solution_calls_open"]
+
+
+def test_compile_refuses_a_null_byte_at_its_line_as_the_file_reader_does() -> None:
+    with pytest.raises(SyntaxError) as info:
+        runner._compile(b"print(1)\nx = 1\0 + 2\n", "/tmp/solution/solution.py")
+    error = info.value
+    assert error.msg == "source code cannot contain null bytes"
+    assert (error.filename, error.lineno, error.offset, error.text) == (
+        "/tmp/solution/solution.py",
+        2,
+        0,
+        "x = 1",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the recursion limit, without the runner's frames
+
+
+@pytest.fixture
+def limit_of_a_case(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A case with 5 frames beneath the solution, and a recursion limit kept in a list rather
+    than in this interpreter."""
+    case = runner._Case("00", 1)
+    case.frames_below = 5
+    monkeypatch.setattr(runner, "_case", case)
+    limit = [1005]
+    monkeypatch.setattr(runner, "_getrecursionlimit", lambda: limit[0])
+    monkeypatch.setattr(runner, "_setrecursionlimit", lambda value: limit.__setitem__(0, value))
+    return limit
+
+
+def test_recursion_limit_seen_by_the_solution_leaves_out_the_frames_beneath_it(
+    limit_of_a_case: list[int],
+) -> None:
+    assert runner._get_recursion_limit() == 1000
+    runner._set_recursion_limit(10**6)
+    assert limit_of_a_case == [10**6 + 5]
+    assert runner._get_recursion_limit() == 10**6
+    runner._set_recursion_limit(2**31 - 1)
+    assert limit_of_a_case == [2**31 - 1]
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (0, ValueError, "recursion limit must be greater or equal than 1"),
+        (2**31, OverflowError, "Python int too large to convert to C int"),
+        (2.5, TypeError, "'float' object cannot be interpreted as an integer"),
+        ("9", TypeError, "'str' object cannot be interpreted as an integer"),
+    ],
+)
+def test_recursion_limit_refuses_what_cpython_refuses(
+    limit_of_a_case: list[int], value: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=f"^{message}$"):
+        runner._set_recursion_limit(value)
+    assert limit_of_a_case == [1005]
+
+
+def test_descend_runs_the_function_that_many_frames_deeper() -> None:
+    depths: list[int] = []
+    start = runner._frame_depth(sys._getframe())
+    runner._descend(3, lambda: depths.append(runner._frame_depth(sys._getframe())), ())
+    # _descend four times (levels 3 to 0), then the function's own frame.
+    assert depths == [start + 5]
+
+
+# ---------------------------------------------------------------------------------------------
+# _clear_module
+
+
+class Recorder:
+    def __init__(self, name: str, order: list[str]) -> None:
+        self.name, self.order = name, order
+
+    def __del__(self) -> None:
+        self.order.append(self.name)
+
+
+def test_clear_module_clears_single_underscore_names_first_and_keeps_builtins() -> None:
+    order: list[str] = []
+    namespace: dict[object, object] = {
+        name: Recorder(name, order) for name in ("b", "_a", "__dunder__", "c", "_", "__private")
+    }
+    namespace["__builtins__"] = builtins
+    namespace[1] = marker = Recorder("not a name", order)
+    runner._clear_module(namespace)
+    assert order == ["_a", "_", "b", "__dunder__", "c", "__private"]
+    assert namespace["__builtins__"] is builtins
+    assert namespace[1] is marker
+    assert all(namespace[name] is None for name in ("b", "_a", "__dunder__", "c", "_"))
+
+
+# ---------------------------------------------------------------------------------------------
+# _CappedFile
+
+
+def test_capped_file_stops_at_the_limit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    stops: list[str] = []
+    monkeypatch.setattr(runner, "OUTPUT_LIMIT", 10)
+    monkeypatch.setattr(runner, "_stop_for_output_limit", stops.append)
+    path = tmp_path / "stdout"
+    with runner._CappedFile(str(path), "wb") as capped:
+        capped.stream = "stderr"
+        assert capped.write(b"12345") == 5
+        assert capped.write(b"678") == 3
+        assert stops == []
+        assert capped.write(b"90abc") == 2
+        assert stops == ["stderr"]
+        assert capped.write(b"more") == 0
+    assert path.read_bytes() == b"1234567890"
+
+
+def test_capped_file_takes_exactly_the_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    stops: list[str] = []
+    monkeypatch.setattr(runner, "OUTPUT_LIMIT", 4)
+    monkeypatch.setattr(runner, "_stop_for_output_limit", stops.append)
+    path = tmp_path / "stdout"
+    with runner._CappedFile(str(path), "wb") as capped:
+        assert capped.write(memoryview(b"abcd")) == 4
+    assert (path.read_bytes(), stops) == (b"abcd", [])
+
+
+# ---------------------------------------------------------------------------------------------
+# warm-exec
+
+
+def test_warm_exec_code_loads_the_runner_under_its_module_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, runner.MODULE_NAME, raising=False)
+    namespace: dict[str, object] = {}
+    exec(compile(_guest.warm_exec_code(), "<warm-exec>", "exec"), namespace)
+    loaded = sys.modules[runner.MODULE_NAME]
+    assert loaded is not runner
+    assert loaded.__name__ == runner.MODULE_NAME
+    assert callable(loaded.main) and callable(loaded.prepare)
+    assert loaded.main.__code__.co_filename == runner.RUNNER_FILENAME
+    assert loaded.WORK_DIR == runner.WORK_DIR
+    # The warm-exec leaves nothing behind in the driver's __main__ globals.
+    assert set(namespace) == {"__builtins__"}
+
+
+def test_prepare_imports_what_exists_and_skips_what_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    runner.prepare(["colorsys", "no_such_module_anywhere"])
+    assert "colorsys" in sys.modules
+    assert "no_such_module_anywhere" not in sys.modules
+
+
+def imported_modules(code: types.CodeType) -> set[str]:
+    """The top-level names of every module `code` imports, nested code included."""
+    names = {
+        i.argval.split(".")[0] for i in dis.get_instructions(code) if i.opname == "IMPORT_NAME"
+    }
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= imported_modules(const)
+    return names
+
+
+def test_runner_uses_only_the_standard_library() -> None:
+    code = compile(Path(runner.__file__).read_text(), runner.__file__, "exec")
+    imported = imported_modules(code)
+    assert {"os", "sys", "threading"} <= imported
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
