@@ -6,6 +6,9 @@
    parsing the console, shaping the response).
 2. Throughput at concurrency 1, 2 and 8: cases per second through run_code against
    `python solution.py` run directly on the host, same solution, same stdin.
+3. A reward worker's size: the median case in a process holding 2 GiB (as a worker with
+   torch loaded holds GBs), spawning hluk through setpriv (vfork) and through a preexec_fn
+   (fork, which copies the worker's page tables), against the same process without it.
 
 Without HLUK_PATH it uses the stand-in hluk from tests/ (bubblewrap, a host CPython), whose
 per-run cost is far above real hluk's restore; the overhead in milliseconds is the figure
@@ -27,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from verl_hyperlight import run_code
+from verl_hyperlight import _hluk, run_code
 from verl_hyperlight._guest import guest_for, workload_code
 from verl_hyperlight._hluk import hluk_path
 
@@ -143,6 +146,21 @@ def main() -> None:
                 f"   concurrency {concurrency}: run_code {ours_rate:7.1f}   "
                 f"python solution.py {host_rate:7.1f}   ratio {ours_rate / host_rate:.3f}"
             )
+        print("\n3. median case in a worker holding 2 GiB (ratio = against the same without)")
+        setpriv = _hluk._setpriv
+        lean = statistics.median(one_case() for _ in range(args.cases))
+        ballast = bytearray(2 * 1024**3)
+        for i in range(0, len(ballast), 4096):
+            ballast[i] = 1  # touched, so the pages are resident as a worker's are
+        for name, launcher in (("setpriv + vfork", setpriv), ("preexec_fn + fork", None)):
+            if name.startswith("setpriv") and setpriv() is None:
+                print("   setpriv + vfork: no setpriv with --pdeathsig on this machine")
+                continue
+            _hluk._setpriv = launcher if launcher is not None else lambda: None  # type: ignore[assignment]
+            fat = statistics.median(one_case() for _ in range(args.cases))
+            print(f"   {name:18} {fat * 1000:8.1f} ms   ratio {fat / lean:.3f}")
+        _hluk._setpriv = setpriv  # type: ignore[method-assign]
+        del ballast
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -24,7 +24,7 @@ from hostside import (
     wait_for,
 )
 
-from verl_hyperlight import run_code
+from verl_hyperlight import _hluk, run_code
 
 
 def sleeper(marker: str) -> str:
@@ -45,7 +45,9 @@ def test_a_timeout_kills_the_whole_process_group(host: Host) -> None:
 # A reward worker with several cases in flight, each of which has started a child.
 WORKER = """
 import sys, threading, time
-from verl_hyperlight import run_code
+from verl_hyperlight import _hluk, run_code
+if sys.argv[3] == "preexec":
+    _hluk._setpriv = lambda: None
 for _ in range(int(sys.argv[2])):
     threading.Thread(
         target=run_code, args=("hyperlight://", sys.argv[1], "", None, 60, None), daemon=True
@@ -54,9 +56,12 @@ time.sleep(600)
 """
 
 
+@pytest.mark.parametrize("launch", ["setpriv", "preexec"])
 def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
-    host: Host, tmp_path: Path
+    host: Host, tmp_path: Path, launch: str
 ) -> None:
+    if launch == "setpriv" and _hluk._setpriv() is None:
+        pytest.skip("no setpriv with --pdeathsig here: hluk is spawned through preexec_fn")
     run("pass")  # the node is warm: the worker goes straight to its cases
     marker = uuid.uuid4().hex
     worker_tmp = tmp_path / f"worker-tmp-{marker}"
@@ -64,7 +69,7 @@ def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
     cases = 3
     code = sleeper(marker) + "import time\ntime.sleep(60)\n"
     worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER, code, str(cases)],
+        [sys.executable, "-c", WORKER, code, str(cases), launch],
         env={**os.environ, "TMPDIR": str(worker_tmp)},
     )
     try:
@@ -82,9 +87,12 @@ def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
     assert wait_for(lambda: not list(worker_tmp.iterdir())), list(worker_tmp.iterdir())
 
 
+@pytest.mark.parametrize("launch", ["setpriv", "preexec"])
 def test_nothing_is_left_behind_after_many_cases_including_failures(
-    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, launch: str
 ) -> None:
+    if launch == "preexec":
+        monkeypatch.setattr(_hluk, "_setpriv", lambda: None)
     run("pass")
     before = Usage.now(host)
     cases = [
