@@ -73,7 +73,12 @@ def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
         env={**os.environ, "TMPDIR": str(worker_tmp)},
     )
     try:
-        sleepers = wait_for(lambda: len(processes_with(marker, exclude=(worker.pid,))) == cases)
+        # The sleepers, the deepest processes (the marker also names the case directories in
+        # the argv of hluk and bwrap): once they all run, every process between them does.
+        sleeper_mark = f"# {marker}"
+        sleepers = wait_for(
+            lambda: len(processes_with(sleeper_mark, exclude=(worker.pid,))) == cases
+        )
         assert sleepers, "the worker's cases did not all start"
         started = descendants_of(worker.pid)
         assert len(list(worker_tmp.iterdir())) == cases

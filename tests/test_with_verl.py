@@ -195,6 +195,21 @@ def test_import_verl_activates_the_plugin_as_the_plugin_policy_says(
         assert probe["double"] is False
 
 
+def test_the_older_module_hook_activates_the_plugin_as_verl_0_6_to_0_8_need() -> None:
+    # verl 0.6-0.8 have only VERL_USE_EXTERNAL_MODULES; 0.9 still honours it, so the route
+    # those versions take is shown here with plugins switched off.
+    env = {
+        **verl_env(),
+        "VERL_USE_EXTERNAL_PLUGINS": "none",
+        "VERL_USE_EXTERNAL_MODULES": "verl_hyperlight.plugin",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["wrapped"] is True
+
+
 def test_importing_the_plugin_twice_wraps_once() -> None:
     wrapper = sandbox_utils.call_sandbox_api
     # Run the module a second time (as a reload or a second copy would), leaving the loaded one.
