@@ -4,6 +4,9 @@
    median of invoking hluk directly with the same argv on a ready case directory. The
    difference is what run_code adds (validation, case files, warm-up check, reading and
    parsing the console, shaping the response).
+   The stand-in's own run time (~0.1-0.2 s, varying by tens of ms) blurs that difference,
+   so it is measured again against a minimal hluk double, a shell script that answers
+   instantly with the frames the runner would print: there the difference is all ours.
 2. Throughput at concurrency 1, 2 and 8: cases per second through run_code against
    `python solution.py` run directly on the host, same solution, same stdin.
 3. A reward worker's size: the median case in a process holding 2 GiB (as a worker with
@@ -18,6 +21,7 @@ that carries over. Usage: python benchmarks/bench_run_code.py [--cases N]
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import secrets
 import shlex
@@ -55,6 +59,42 @@ def use_standin_unless_configured(scratch: Path) -> str:
     os.environ["HLUK_STANDIN_BWRAP"] = str(bwrap_path())
     os.environ["HLUK_CACHE_DIR"] = str(scratch / "cache")
     return "the stand-in hluk (tests/standin/hluk)"
+
+
+def instant_hluk(scratch: Path) -> Path:
+    """A hluk double that prints the runner's frames for EXPECTED at once (no guest at all)."""
+    encoded = base64.b64encode(EXPECTED.encode()).decode()
+    double = scratch / "instant-hluk"
+    double.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo "hluk 0.19.0"; exit 0; fi\n'
+        "for last; do :; done\n"
+        'case "$last" in *main*) ;; *) exit 0 ;; esac\n'
+        "nonce=${last##*, \\'}; nonce=${nonce%%\\'*}\n"
+        f"printf '\\r\\n%s start\\r\\n\\r\\n%s stdout {encoded}\\r\\n"
+        '\\r\\n%s exit 0 0.000100 -\\r\\n\' "$nonce" "$nonce" "$nonce"\n'
+    )
+    double.chmod(0o755)
+    return double
+
+
+def per_case_medians(scratch: Path, cases: int) -> tuple[float, float]:
+    """Median of run_code and of hluk run directly, interleaved so load drift hits both."""
+    ours, direct = [], []
+    for _ in range(cases):
+        ours.append(one_case())
+        direct.append(direct_hluk(scratch))
+    return statistics.median(ours), statistics.median(direct)
+
+
+def print_overhead(label: str, m_ours: float, m_direct: float) -> None:
+    print(f"   {label}")
+    print(f"     run_code                 {m_ours * 1000:8.2f} ms")
+    print(f"     hluk directly, same argv {m_direct * 1000:8.2f} ms")
+    print(
+        f"     ratio {m_ours / m_direct:.3f}; run_code adds {(m_ours - m_direct) * 1000:.2f} ms "
+        "per case"
+    )
 
 
 def one_case() -> float:
@@ -125,19 +165,16 @@ def main() -> None:
         one_case()  # warm-up: pull and snapshot, outside the measurements
         direct_hluk(scratch)
         python = host_python()
-        # Interleave the two so drift in machine load hits both alike.
-        ours, direct = [], []
-        for _ in range(args.cases):
-            ours.append(one_case())
-            direct.append(direct_hluk(scratch))
-        m_ours, m_direct = statistics.median(ours), statistics.median(direct)
         print("\n1. per-case wall time, median")
-        print(f"   run_code               {m_ours * 1000:8.1f} ms")
-        print(f"   hluk directly, same argv {m_direct * 1000:6.1f} ms")
-        print(
-            f"   ratio {m_ours / m_direct:.3f}; run_code adds {(m_ours - m_direct) * 1000:.1f} ms "
-            "per case"
+        print_overhead("with " + backend, *per_case_medians(scratch, args.cases))
+        real_hluk = os.environ["HLUK_PATH"]
+        os.environ["HLUK_PATH"] = str(instant_hluk(scratch))
+        one_case()
+        print_overhead(
+            "with an instant hluk double (orchestration alone)",
+            *per_case_medians(scratch, args.cases * 5),
         )
+        os.environ["HLUK_PATH"] = real_hluk
         print("\n2. throughput, cases/s (ratio = run_code / python solution.py)")
         for concurrency in (1, 2, 8):
             ours_rate = throughput(one_case, concurrency, args.cases)
