@@ -22,6 +22,7 @@ from typing import Any
 from . import _hluk, _warmup
 from ._errors import BackendError, InvalidRequest
 from ._guest import Guest, guest_for, workload_code
+from ._hluk import Ending
 from ._response import Response, from_outcome, sandbox_error
 
 logger = logging.getLogger("verl_hyperlight")
@@ -242,17 +243,9 @@ def _run_case(path: str, case: Case) -> Response:
                 workload_code(CASE_MOUNT, nonce),
             ]
             outcome = _hluk.run(argv, nonce, case.run_timeout, _startup_timeout())
-            if outcome.started:
-                if (
-                    outcome.status is None
-                    and not outcome.timed_out
-                    and not (
-                        "error: the guest exited with status" in outcome.hluk_stderr
-                        or "deadlocked" in outcome.hluk_stderr
-                        or outcome.limit_hit
-                    )
-                ):
-                    raise _hluk.failure_from(outcome, path)
+            if outcome.ending is Ending.HLUK_FAILED:
+                raise _hluk.failure_from(outcome, path)
+            if outcome.ending is not Ending.NOT_STARTED:
                 return from_outcome(outcome, case.run_timeout)
             # Nothing of the solution ran: a backend failure, tried once more.
             failure = _hluk.failure_from(outcome, path)

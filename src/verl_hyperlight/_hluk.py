@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import enum
 import functools
 import math
 import os
@@ -49,12 +50,23 @@ VERSION_TIMEOUT_SECONDS = 30.0
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+class Ending(enum.Enum):
+    """How a hluk run ended, decided once from what it printed."""
+
+    NOT_STARTED = "not-started"  # no start frame: nothing of the solution ran
+    FINISHED = "finished"  # the runner's exit frame: the solution's own ending
+    TIMED_OUT = "timed-out"  # the solution ran past run_timeout and was killed
+    DEADLOCKED = "deadlocked"  # hluk found every guest thread blocked forever
+    GUEST_DIED = "guest-died"  # the guest process ended outside the runner (e.g. OOM-killed)
+    CONSOLE_LIMIT = "console-limit"  # the console passed CONSOLE_LIMIT and the run was stopped
+    HLUK_FAILED = "hluk-failed"  # hluk itself failed after the solution started
+
+
 @dataclass(frozen=True)
 class RawOutcome:
     """What one hluk run produced, before it is shaped into a response."""
 
-    started: bool  # the runner reported that the solution started
-    timed_out: bool  # the solution ran past run_timeout and was killed
+    ending: Ending
     status: int | None  # the solution's exit status, from the runner's exit frame
     elapsed: float | None  # the solution's wall time, as measured in the guest
     stdout: bytes
@@ -313,18 +325,30 @@ def run(argv: list[str], nonce: str, run_timeout: float, startup_timeout: float)
         limit_hit = None if exit_fields[2] == b"-" else exit_fields[2].decode()
     except (IndexError, ValueError):
         status = elapsed = None  # no exit frame: the guest died or never finished
-    if status is None and len(console.data) > CONSOLE_LIMIT:
-        limit_hit = "console"
+    hluk_stderr = stderr.decode(errors="replace")
+    if not console.started:
+        ending = Ending.NOT_STARTED
+    elif status is not None:
+        ending = Ending.FINISHED
+    elif timed_out:
+        ending = Ending.TIMED_OUT
+    elif len(console.data) > CONSOLE_LIMIT:
+        ending = Ending.CONSOLE_LIMIT
+    elif "error: the guest exited with status" in hluk_stderr:
+        ending = Ending.GUEST_DIED
+    elif "deadlocked" in hluk_stderr:
+        ending = Ending.DEADLOCKED
+    else:
+        ending = Ending.HLUK_FAILED
     return RawOutcome(
-        started=console.started,
-        timed_out=timed_out,
+        ending=ending,
         status=status,
         elapsed=elapsed,
         stdout=bytes(streams["stdout"]),
         stderr=bytes(streams["stderr"]),
         limit_hit=limit_hit,
         hluk_status=proc.returncode if not timed_out else None,
-        hluk_stderr=stderr.decode(errors="replace"),
+        hluk_stderr=hluk_stderr,
         console=noise,
         host_elapsed=host_elapsed,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._hluk import RawOutcome
+from ._hluk import Ending, RawOutcome
 from .guest.runner import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
 
 Response = dict[str, Any]
@@ -35,11 +35,11 @@ def sandbox_error(message: str) -> Response:
 
 
 def from_outcome(outcome: RawOutcome, run_timeout: float) -> Response:
-    """The response for a run whose solution started."""
-    deadlocked = outcome.status is None and "deadlocked" in outcome.hluk_stderr
-    if outcome.timed_out or deadlocked:
+    """The response for a run whose solution started and ended by its own doing."""
+    if outcome.ending in (Ending.TIMED_OUT, Ending.DEADLOCKED):
         # A guest whose every thread blocks forever would run to its timeout under Sandbox
         # Fusion; hluk says so at once, and it is answered as that timeout.
+        deadlocked = outcome.ending is Ending.DEADLOCKED
         run = {
             "status": "TimeLimitExceeded",
             "execution_time": max(outcome.host_elapsed, run_timeout),
@@ -48,7 +48,8 @@ def from_outcome(outcome: RawOutcome, run_timeout: float) -> Response:
             "stderr": outcome.hluk_stderr if deadlocked else "",
         }
         return _response("Failed", "", run)
-    if outcome.status is not None:
+    if outcome.ending is Ending.FINISHED:
+        assert outcome.status is not None
         status, stderr = outcome.status, outcome.stderr
         elapsed = outcome.elapsed if outcome.elapsed is not None else outcome.host_elapsed
         if outcome.limit_hit:
@@ -57,19 +58,22 @@ def from_outcome(outcome: RawOutcome, run_timeout: float) -> Response:
                 f"{OUTPUT_LIMIT // (1024 * 1024)} MiB; it was stopped\n"
             )
             stderr += note.encode()
+    elif outcome.ending is Ending.CONSOLE_LIMIT:
+        # The solution wrote past the console's limit around the runner (to the console's
+        # descriptor itself) and was killed: stopped for its output as one that prints too
+        # much is, not answered with the status of the SIGKILL that stopped it.
+        status = OUTPUT_LIMIT_STATUS
+        stderr = outcome.hluk_stderr.encode()
+        stderr += b"verl-hyperlight: the solution's console output exceeded its limit; "
+        stderr += b"it was stopped\n"
+        elapsed = outcome.host_elapsed
     else:
-        # The guest process died outside the runner (killed by the guest kernel, or os-level
-        # exit before the runner could report): hluk's message is all that is left.
+        # The guest process died outside the runner (killed by the guest kernel): hluk's
+        # message is all that is left.
+        assert outcome.ending is Ending.GUEST_DIED, outcome.ending
         status = outcome.hluk_status if outcome.hluk_status else 1
         stderr = outcome.hluk_stderr.encode()
         elapsed = outcome.host_elapsed
-        if outcome.limit_hit:
-            # The solution wrote past the console's limit around the runner (to the console's
-            # descriptor itself) and was killed: stopped for its output as one that prints too
-            # much is, not answered with the status of the SIGKILL that stopped it.
-            stderr += b"verl-hyperlight: the solution's console output exceeded its limit; "
-            stderr += b"it was stopped\n"
-            status = OUTPUT_LIMIT_STATUS
     run = {
         "status": "Finished",
         "execution_time": elapsed,
