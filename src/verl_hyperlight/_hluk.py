@@ -122,7 +122,7 @@ def check_version(path: str) -> str:
     return match.group(0)
 
 
-def die_with_parent(parent: int) -> Callable[[], None]:
+def _die_with_parent(parent: int) -> Callable[[], None]:
     """For preexec_fn: in the child, a process group of its own, and SIGKILL when `parent`
     (the spawning process) dies, also if it died before the request took effect."""
 
@@ -249,7 +249,7 @@ def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
             return subprocess.Popen(command, start_new_session=True, **pipes)
         return subprocess.Popen(
             argv,
-            preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - no setpriv: no other way
+            preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - no setpriv: no other way
             **pipes,
         )
     except OSError as exc:
