@@ -95,3 +95,10 @@ def test_the_agent_url_runs_the_agent_image(
     assert response["run_result"]["stdout"] == "agent\n"
     assert cases[-1][cases[-1].index("--runtime") + 1] == "agent"
     assert cases[-1][cases[-1].index("--scratch-mb") + 1] == "1366"
+
+
+def test_the_warm_exec_fits_in_one_argument_as_linux_passes_it() -> None:
+    # Linux refuses exec with any single argument longer than MAX_ARG_STRLEN (32 pages), so a
+    # runner that grew past it would fail every spawn with E2BIG.
+    max_arg_strlen = 32 * 4096
+    assert len(_guest.warm_exec_code().encode()) + 1 < max_arg_strlen
