@@ -1288,6 +1288,16 @@ DIVERGENCES = [
         divergence=Divergence("timer signals", {"stdout": "slept\n"}),
     ),
     program(
+        "process_time_does_not_advance",
+        """
+        import time
+        start = time.process_time()
+        sum(i * i for i in range(300_000))
+        print(time.process_time() > start)
+        """,
+        divergence=Divergence("`time.process_time()` does not advance", {"stdout": "False\n"}),
+    ),
+    program(
         "partial_output_on_timeout",
         """
         import time

@@ -330,6 +330,18 @@ print("slept")
     assert (result.returncode, console(result)) == (0, "slept\n")
 
 
+def test_process_time_does_not_advance(env: dict[str, str]) -> None:
+    # The guest documents no CPU-time clock; a solution timing itself with it sees no time pass.
+    code = """
+import time
+start, start_ns = time.process_time(), time.process_time_ns()
+sum(i * i for i in range(300_000))
+print(time.process_time() == start, time.process_time_ns() == start_ns)
+"""
+    result = guest(env, code)
+    assert (result.returncode, console(result)) == (0, "True True\n")
+
+
 def processes_mentioning(marker: str) -> list[int]:
     """Live processes whose command line contains `marker` (zombies have none)."""
     found = []
