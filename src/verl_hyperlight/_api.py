@@ -224,6 +224,7 @@ _janitor = _Janitor()
 
 
 def _run_case(path: str, case: Case) -> Response:
+    startup_timeout = _startup_timeout()
     case_dir = tempfile.mkdtemp(prefix="verl-hyperlight-")
     _janitor.tell(b"+", case_dir)
     try:
@@ -242,7 +243,7 @@ def _run_case(path: str, case: Case) -> Response:
                 "--exec",
                 workload_code(CASE_MOUNT, nonce),
             ]
-            outcome = _hluk.run(argv, nonce, case.run_timeout, _startup_timeout())
+            outcome = _hluk.run(argv, nonce, case.run_timeout, startup_timeout)
             if outcome.ending is Ending.HLUK_FAILED:
                 raise _hluk.failure_from(outcome, path)
             if outcome.ending is not Ending.NOT_STARTED:
@@ -251,7 +252,7 @@ def _run_case(path: str, case: Case) -> Response:
             failure = _hluk.failure_from(outcome, path)
             if outcome.hluk_status is None or outcome.hluk_status < 0:
                 failure = BackendError(
-                    f"the micro-VM did not start within {_startup_timeout():.0f} s "
+                    f"the micro-VM did not start within {startup_timeout:.0f} s "
                     f"({STARTUP_TIMEOUT_ENV}); the node may be overloaded: lower "
                     "max_concurrent or reward.num_workers",
                     "startup-timeout",
