@@ -4,10 +4,13 @@ stand-in really runs each form."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hostside import Host, option, run
 
 from verl_hyperlight import _guest, run_code
 
@@ -52,11 +55,35 @@ def test_the_micro_vm_gets_about_a_third_more_than_the_memory_limit(
     assert ("--scratch-mb" in guest.args()) == (scratch is not None)
 
 
-def test_the_warm_exec_loads_the_runner_and_is_the_same_for_every_case() -> None:
-    first = _guest.guest_for("hyperlight://", 1024).args()
-    second = _guest.guest_for("hyperlight://", 1024).args()
-    assert first == second  # one snapshot key for every case of a guest
-    warm_exec = first[first.index("--warm-exec") + 1]
+# A reward worker's hluk arguments for a guest, as a digest (the warm-exec is part of hluk's
+# snapshot key).
+GUEST_ARGS_DIGEST = """
+import hashlib, json
+from verl_hyperlight import _guest
+args = _guest.guest_for("hyperlight://", 1024).args()
+print(hashlib.sha256(json.dumps(args).encode()).hexdigest())
+"""
+
+
+def test_every_worker_process_passes_the_same_warm_exec_so_they_share_one_snapshot() -> None:
+    # Two processes with different hash seeds, as two reward workers have.
+    digests = []
+    for seed in ("1", "2"):
+        done = subprocess.run(
+            [sys.executable, "-c", GUEST_ARGS_DIGEST],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        digests.append(done.stdout)
+    assert digests[0] == digests[1]
+
+
+def test_the_warm_exec_loads_the_runner_as_a_module() -> None:
+    args = _guest.guest_for("hyperlight://", 1024).args()
+    warm_exec = args[args.index("--warm-exec") + 1]
     namespace: dict[str, object] = {}
     exec(compile(warm_exec, "<warm-exec>", "exec"), namespace)
     runner = sys.modules.pop(_guest.runner.MODULE_NAME)
@@ -102,3 +129,17 @@ def test_the_warm_exec_fits_in_one_argument_as_linux_passes_it() -> None:
     # runner that grew past it would fail every spawn with E2BIG.
     max_arg_strlen = 32 * 4096
     assert len(_guest.warm_exec_code().encode()) + 1 < max_arg_strlen
+
+
+def test_the_warm_exec_and_a_cases_exec_fit_in_one_host_call_of_hluk(host: Host) -> None:
+    # hluk hands the --warm-exec and --exec code to the guest as a host call, whose payload
+    # hyperlight-unikraft bounds (HOST_CALL_MAX: 64 KiB; 69,620 bytes in another version, so the
+    # smaller is pinned). Both together fit in one, however hluk groups them: a bound far
+    # tighter than MAX_ARG_STRLEN, past which the guest could not receive its code.
+    host_call_max = 64 * 1024
+    run("pass")
+    argv = host.case_runs()[-1]
+    warm_exec, case_exec = option(argv, "--warm-exec"), option(argv, "--exec")
+    assert warm_exec is not None and case_exec is not None
+    payload = len(warm_exec.encode()) + len(case_exec.encode())
+    assert payload <= host_call_max, f"{payload} bytes of code"

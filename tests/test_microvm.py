@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,13 +108,17 @@ def test_an_endless_loop_times_out_counted_from_the_solutions_start() -> None:
     assert response["run_result"]["return_code"] is None
 
 
-def test_the_guest_has_no_network_and_no_host_environment_or_files() -> None:
+def test_the_guest_has_no_network_and_no_host_environment_or_files(tmp_path: Path) -> None:
+    # A host file no image can hold (a fresh directory, random content) and the host's working
+    # directory: the guest sees neither.
+    host_file = tmp_path / "host-only.txt"
+    host_file.write_text(uuid.uuid4().hex)
     code = (
         "import os, socket\n"
         "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); print('net')\n"
         "except OSError:\n    print('no net')\n"
         "print(sorted(os.environ))\n"
-        "print(os.path.exists(os.path.expanduser('~/.ssh')), os.path.exists('/etc/passwd'))\n"
+        f"print(os.path.exists({str(host_file)!r}), os.path.exists({os.getcwd()!r}))\n"
     )
     os.environ["VERL_HYPERLIGHT_SECRET_FOR_TEST"] = "leak"
     try:

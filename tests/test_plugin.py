@@ -1,5 +1,5 @@
-"""The verl plugin against fake verl layouts: a scheme registry, the wrapped function, a
-layout it does not know, no verl at all, and a broken installation of this package."""
+"""The verl plugin against fake verl layouts: the wrapped function, a layout it does not know,
+no verl at all, and a broken installation of this package."""
 
 from __future__ import annotations
 
@@ -14,16 +14,10 @@ import pytest
 SANDBOX = "verl/utils/reward_score/sandbox_fusion"
 
 
-def fake_verl(root: Path, *, registry: bool = False, utils: str | None = None) -> Path:
+def fake_verl(root: Path, *, utils: str | None = None) -> Path:
     for package in ("verl", "verl/utils", "verl/utils/reward_score", SANDBOX):
         (root / package).mkdir(parents=True, exist_ok=True)
         (root / package / "__init__.py").write_text("")
-    if registry:
-        (root / SANDBOX / "__init__.py").write_text(
-            "RUNNERS = {}\n"
-            "def register_sandbox_runner(scheme, runner):\n"
-            "    RUNNERS[scheme] = runner\n"
-        )
     if utils is not None:
         (root / SANDBOX / "utils.py").write_text(textwrap.dedent(utils))
     return root
@@ -51,27 +45,7 @@ def run_python(code: str, path: Path | None = None) -> subprocess.CompletedProce
     )
 
 
-def test_a_verl_with_a_scheme_registry_gets_run_code_registered(tmp_path: Path) -> None:
-    root = fake_verl(tmp_path, registry=True, utils=ORIGINAL)
-    done = run_python(
-        """
-        import verl_hyperlight.plugin as plugin
-        from verl.utils.reward_score import sandbox_fusion
-        from verl.utils.reward_score.sandbox_fusion import utils
-        from verl_hyperlight import run_code
-        print(plugin.STATE)
-        print(sandbox_fusion.RUNNERS["hyperlight"] is run_code)
-        print(hasattr(utils.call_sandbox_api, "__verl_hyperlight_original__"))
-        """,
-        root,
-    )
-    assert done.returncode == 0, done.stderr
-    state, registered, wrapped = done.stdout.splitlines()
-    assert state.startswith("registered with")
-    assert (registered, wrapped) == ("True", "False")
-
-
-def test_without_a_registry_call_sandbox_api_is_wrapped_once(tmp_path: Path) -> None:
+def test_call_sandbox_api_is_wrapped_once(tmp_path: Path) -> None:
     root = fake_verl(tmp_path, utils=ORIGINAL)
     done = run_python(
         """

@@ -131,8 +131,9 @@ def test_nothing_is_left_behind_after_many_cases_including_failures(
 def test_a_guest_death_is_answered_when_hluk_exits_though_a_descendant_holds_its_pipes(
     host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A wrapper that leaves a process holding hluk's stdout and stderr: hluk's exit, not the end
-    # of its pipes, says the run is over, so the guest's death is not mistaken for a timeout.
+    # A wrapper that leaves a process holding hluk's stdout and stderr (for 60 s, past the 30 s
+    # run_timeout): hluk's exit, not the end of its pipes, says the run is over, so the guest's
+    # death is answered as such, not as the TimeLimitExceeded that waiting for the pipes gives.
     marker = uuid.uuid4().hex
     wrapper = tmp_path / "hluk-with-a-lingering-child"
     wrapper.write_text(
@@ -147,5 +148,4 @@ def test_a_guest_death_is_answered_when_hluk_exits_though_a_descendant_holds_its
     status, run_status, return_code, _, stderr = result(response)
     assert (status, run_status, return_code) == ("Failed", "Finished", 137)
     assert "the guest exited with status 137" in stderr
-    assert response["run_result"]["execution_time"] < 30
     assert wait_for(lambda: not processes_with(marker)), processes_with(marker)

@@ -4,10 +4,10 @@ verl (0.9+) imports every ``verl.plugins`` entry point during ``import verl`` an
 their errors at DEBUG, so this module does its work as an import side effect and reports any
 problem at WARNING itself. verl 0.6-0.8 import it through ``VERL_USE_EXTERNAL_MODULES``.
 
-If verl offers a registry of sandbox runners keyed by URL scheme, the plugin registers there.
-No verl release has one yet; the plugin then replaces ``call_sandbox_api`` in verl's sandbox
-module with a wrapper that sends our URLs to run_code and every other call to verl's function
-unchanged. verl looks that name up in the module at call time, so every call is caught.
+No verl, released or main, has a registry of sandbox runners keyed by URL scheme, so the plugin
+replaces ``call_sandbox_api`` in verl's sandbox module with a wrapper that sends our URLs to
+run_code and every other call to verl's function unchanged. verl looks that name up in the
+module at call time, so every call is caught.
 """
 
 from __future__ import annotations
@@ -22,10 +22,7 @@ from typing import Any
 logger = logging.getLogger("verl_hyperlight")
 
 SCHEME_PREFIX = "hyperlight:"
-SANDBOX_PACKAGE = "verl.utils.reward_score.sandbox_fusion"
-SANDBOX_MODULE = SANDBOX_PACKAGE + ".utils"
-# The registry this plugin uses when a verl has one: register_sandbox_runner(scheme, runner).
-REGISTRY_FUNCTION = "register_sandbox_runner"
+SANDBOX_MODULE = "verl.utils.reward_score.sandbox_fusion.utils"
 _WRAPPED_MARK = "__verl_hyperlight_original__"
 
 
@@ -53,15 +50,6 @@ def install() -> str:
     # Imported here, inside the guard below, so a broken installation is logged, not lost.
     from ._api import run_code
 
-    for name in (SANDBOX_PACKAGE, SANDBOX_MODULE):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        register = getattr(module, REGISTRY_FUNCTION, None)
-        if callable(register):
-            register("hyperlight", run_code)
-            return f"registered with {name}.{REGISTRY_FUNCTION}"
     try:
         utils = importlib.import_module(SANDBOX_MODULE)
     except Exception as exc:  # reported, never raised into import verl
