@@ -15,12 +15,11 @@ that everything else is equal.
 
 from __future__ import annotations
 
-import glob
+import importlib.util
 import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import textwrap
 import threading
@@ -41,12 +40,16 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def _find_reference_python() -> str:
-    # As the stand-in finds the guest's interpreter, so both sides run the same CPython.
-    candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")))
-    for candidate in [*candidates, "/usr/bin/python3.12"]:
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return sys.executable
+    """The stand-in's guest interpreter, chosen by the stand-in's own code (beside it, in
+    tests/standin), so both sides run the same CPython. The stand-in runs under the `hluk`
+    fixture, which clears the HLUK_STANDIN_* variables it does not set: so is the choice here."""
+    path = Path(__file__).resolve().parent / "standin" / "guest_python.py"
+    spec = importlib.util.spec_from_file_location("standin_guest_python", path)
+    assert spec is not None and spec.loader is not None
+    guest_python = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guest_python)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HLUK_STANDIN_")}
+    return guest_python.find_python(environ)
 
 
 REFERENCE_PYTHON = _find_reference_python()

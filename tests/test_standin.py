@@ -6,6 +6,8 @@ stdout (the guest console), its stderr (hluk's own messages), its exit status an
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -14,26 +16,71 @@ import signal
 import subprocess
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from conftest import run_standin
+from conftest import find_bwrap, run_standin
 
 GUEST_PATH = "/usr/local/bin:/usr/bin:/bin"
 REPO = Path(__file__).resolve().parent.parent
+IMAGE = "ghcr.io/hyperlight-dev/hyperlight-unikraft/python:initrd-v0.19.0"
+IMAGE_PATH = "rootfs/ghcr.io/hyperlight-dev/hyperlight-unikraft/python/initrd-v0.19.0.cpio"
+PULLED = r"pulled {}  \d+\.\d MiB in \d+\.\d s"
+CALL_FAILED = "hl_driver: dispatch callback failed\n"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Variables of hluk's (and the stand-in's) that change what it prints: none may leak in.
+HLUK_OUTPUT_VARIABLES = ("HLUK_REGISTRY", "HLUK_IMAGE_VERSION", "HLUK_PROFILE", "NO_COLOR")
+
+
+def _load_guest_python():  # type: ignore[no-untyped-def]
+    path = REPO / "tests" / "standin" / "guest_python.py"
+    spec = importlib.util.spec_from_file_location("standin_guest_python", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+guest_python = _load_guest_python()
+
+
+def _leaks(name: str) -> bool:
+    return name.startswith("HLUK_STANDIN_") or name in HLUK_OUTPUT_VARIABLES
 
 
 @pytest.fixture(autouse=True)
 def _no_inherited_fault_injection(monkeypatch: pytest.MonkeyPatch) -> None:
     # run_standin passes this process's environment on: a stray HLUK_STANDIN_* must not leak in.
     for name in list(os.environ):
-        if name.startswith("HLUK_STANDIN_"):
+        if _leaks(name):
             monkeypatch.delenv(name)
 
 
+@pytest.fixture(scope="session")
+def _images_pulled(standin_path: Path, standin_cache: Path) -> None:
+    """Both runtime images in the shared cache, so that no test sees the lines of their pull."""
+    environ = {name: value for name, value in os.environ.items() if not _leaks(name)}
+    environ |= {
+        "HLUK_CACHE_DIR": str(standin_cache),
+        "HLUK_STANDIN_BWRAP": find_bwrap(),
+        "HLUK_STANDIN_PULL_SECONDS": "0",
+    }
+    for runtime in ("python", "agent"):
+        subprocess.run(
+            [standin_path, "run", "--runtime", runtime, "--cold", "--exec", "pass"],
+            input=b"",
+            capture_output=True,
+            timeout=120,
+            env=environ,
+            check=True,
+        )
+
+
 @pytest.fixture
-def env(standin_env: dict[str, str]) -> dict[str, str]:
-    """The shared stand-in, with boot and pull delays removed where they are irrelevant."""
+def env(standin_env: dict[str, str], _images_pulled: None) -> dict[str, str]:
+    """The shared stand-in, with boot and pull delays removed where they are irrelevant. Its
+    runtime images are pulled already."""
     return {**standin_env, "HLUK_STANDIN_BOOT_SECONDS": "0", "HLUK_STANDIN_PULL_SECONDS": "0"}
 
 
@@ -62,11 +109,39 @@ def guest_value(env: dict[str, str], expression: str, *flags: str) -> object:
     return json.loads(console(result).strip().splitlines()[-1])
 
 
+def plain(stderr: bytes) -> str:
+    """hluk's stderr as text, without the colours of its logs."""
+    return ANSI.sub("", stderr.decode())
+
+
 def info_log(env: dict[str, str], *flags: str) -> str:
-    """hluk's stderr for a trivial workload at --log-level info."""
+    """hluk's stderr (colours removed) for a trivial workload at --log-level info."""
     result = run_standin(env, "--log-level", "info", "run", *flags, "--exec", "pass")
     assert result.returncode == 0, result.stderr.decode()
-    return result.stderr.decode()
+    return plain(result.stderr)
+
+
+def pulled_lines(image: str) -> list[str]:
+    """Regular expressions for what a pull of `image` prints on a stderr that is a pipe."""
+    return [re.escape(f"pulling {image}..."), PULLED.format(re.escape(image))]
+
+
+def assert_lines(text: str, patterns: list[str]) -> None:
+    """Each line of `text` matches its pattern (regular expressions), and there are as many."""
+    lines = text.splitlines()
+    assert len(lines) == len(patterns), text
+    for line, pattern in zip(lines, patterns, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)
+
+
+def cache_of(env: dict[str, str]) -> Path:
+    return Path(env["HLUK_CACHE_DIR"])
+
+
+def snapshot_slots(env: dict[str, str]) -> list[Path]:
+    """The complete snapshots in the cache."""
+    snapshots = cache_of(env) / "snapshots"
+    return sorted(p for p in snapshots.iterdir() if "." not in p.name) if snapshots.exists() else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,12 +173,7 @@ INVALID_ARGV = {
     "two-workloads": ["run", "--exec", "pass", "--guest-exec", "/x.py"],
     "script-and-exec": ["run", "{dir}/script.py", "--exec", "pass"],
     "no-workload": ["run", "--runtime", "python"],
-    "mount-relative-guest-path": ["run", "--mount", "{dir}:data", "--exec", "pass"],
-    "mount-whitespace": ["run", "--mount", "{dir}:/da ta", "--exec", "pass"],
-    "mount-brackets": ["run", "--mount", "{dir}:/data[0]", "--exec", "pass"],
-    "mount-colon": ["run", "--mount", "{dir}:/a:b", "--exec", "pass"],
-    "mount-without-guest": ["run", "--mount", "{dir}", "--exec", "pass"],
-    "mount-missing-source": ["run", "--mount", "{dir}/absent:/data", "--exec", "pass"],
+    "mount-without-colon": ["run", "--mount", "{dir}", "--exec", "pass"],
     "33-mounts": ["run", *TOO_MANY_MOUNTS, "--exec", "pass"],
     "port-without-net": ["run", "--port", "8080", "--exec", "pass"],
     "env-without-equals": ["run", "--env", "NOVALUE", "--exec", "pass"],
@@ -116,6 +186,10 @@ INVALID_ARGV = {
     "missing-initrd": ["run", "--initrd", "{dir}/absent.cpio", "--exec", "pass"],
     "missing-script": ["run", "{dir}/absent.py"],
     "non-utf8-script": ["run", "{dir}/latin1.py"],
+    "unknown-cache-subcommand": ["cache", "prune"],
+    "cache-flag-without-subcommand": ["cache", "--snapshots"],
+    "unknown-cache-flag": ["cache", "clean", "--all"],
+    "two-cache-subcommands": ["cache", "ls", "clean"],
 }
 
 
@@ -430,6 +504,8 @@ def test_system_exit_maps_to_a_status(
     env: dict[str, str], code: str, status: int, shown: str
 ) -> None:
     result = guest(env, code)
+    if status != 0:
+        shown += CALL_FAILED
     assert (result.returncode, console(result), result.stderr) == (status, shown, b"")
 
 
@@ -440,7 +516,7 @@ def test_uncaught_exception_prints_a_string_traceback_and_exits_1(env: dict[str,
     assert text.startswith("Traceback (most recent call last):\n")
     assert 'File "<string>", line 3, in <module>' in text
     assert 'File "<string>", line 2, in fail' in text
-    assert text.endswith("ValueError: boom\n")
+    assert text.endswith("ValueError: boom\n" + CALL_FAILED)
     assert text.count('File "') == 2  # no driver frames
 
 
@@ -559,15 +635,19 @@ def test_one_snapshot_serves_any_mounts(fresh_env: dict[str, str], tmp_path: Pat
 def test_initrd_runs_cold_unless_warm(fresh_env: dict[str, str], tmp_path: Path) -> None:
     initrd = tmp_path / "rootfs.cpio"
     initrd.write_bytes(b"070701")
-    assert "restored" not in info_log(fresh_env, "--initrd", str(initrd))
+    cold = info_log(fresh_env, "--initrd", str(initrd))
+    assert "restored=false" in cold
+    assert "warm snapshot saved" not in cold
     assert "restored=false" in info_log(fresh_env, "--initrd", str(initrd), "--warm")
     assert "restored=true" in info_log(fresh_env, "--initrd", str(initrd), "--warm")
 
 
 def test_cold_runs_never_restore(fresh_env: dict[str, str]) -> None:
     info_log(fresh_env)
-    assert "restored" not in info_log(fresh_env, "--cold")
-    assert "restored" not in info_log(fresh_env, "--cold")
+    for _ in range(2):
+        cold = info_log(fresh_env, "--cold")
+        assert "restored=false" in cold
+        assert "warm snapshot saved" not in cold
 
 
 def env_without_cache_dir(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
@@ -654,8 +734,10 @@ WRITE_TO_MOUNT = "open('/out/ran', 'a').write('x')"
 
 
 def test_fail_file_fails_exactly_that_many_runs_before_the_guest(
-    env: dict[str, str], tmp_path: Path
+    fresh_env: dict[str, str], tmp_path: Path
 ) -> None:
+    env = fresh_env
+    guest(env, "pass", "--cold")  # the image is pulled: see the test of the failure's order
     out = tmp_path / "out"
     out.mkdir()
     fail_file = tmp_path / "fail"
@@ -670,6 +752,7 @@ def test_fail_file_fails_exactly_that_many_runs_before_the_guest(
         assert (result.returncode, result.stdout) == (1, b"")
         assert result.stderr == b"error: the node is out of guests\n"
         assert not (out / "ran").exists()
+        assert snapshot_slots(failing) == []
     result = guest(failing, WRITE_TO_MOUNT, "--mount", f"{out}:/out")
     assert (result.returncode, result.stderr) == (0, b"")
     assert (out / "ran").read_text() == "x"
@@ -713,5 +796,569 @@ def test_standin_variables_never_reach_the_guest(env: dict[str, str], tmp_path: 
         "HLUK_STANDIN_FAIL_MESSAGE": "unused",
         "HLUK_STANDIN_KILL_AFTER": "60",
         "HLUK_STANDIN_ARGV_LOG": str(tmp_path / "argv.jsonl"),
+        "HLUK_STANDIN_SAVE_SECONDS": "0",
+        "HLUK_STANDIN_RESTORE_SECONDS": "0",
     }
-    assert guest_value({**env, **standin_vars}, "dict(os.environ)") == {"PATH": GUEST_PATH}
+    hluk_vars = {"HLUK_PROFILE": "0", "HLUK_IMAGE_VERSION": "0.19.9"}
+    # Another version is another image, pulled on first use: its lines are on stderr.
+    result = guest({**env, **standin_vars, **hluk_vars}, "import os\nprint(dict(os.environ))")
+    assert (result.returncode, console(result)) == (0, f"{{'PATH': {GUEST_PATH!r}}}\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# a failed call, and a guest that exits
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "shown"),
+    [
+        ("import sys\nsys.exit(3)", 3, ""),
+        ("raise SystemExit(-1)", 255, ""),
+        ("import sys\nsys.exit('bye')", 1, "bye\n"),
+        ("raise KeyError('k')", 1, "KeyError: 'k'\n"),
+    ],
+    ids=["exit-3", "exit-minus-1", "exit-message", "exception"],
+)
+def test_a_failed_call_exits_silently_with_its_status(
+    env: dict[str, str], code: str, status: int, shown: str
+) -> None:
+    result = guest(env, "print('before')\n" + code)
+    assert (result.returncode, result.stderr) == (status, b"")
+    text = console(result)
+    assert text.startswith("before\n")
+    assert text.endswith(shown + CALL_FAILED)
+    assert text.count(CALL_FAILED) == 1
+
+
+def test_a_guest_process_ending_with_status_0_is_still_an_error_line(env: dict[str, str]) -> None:
+    result = guest(env, "import os\nos._exit(0)")
+    assert (result.returncode, result.stdout) == (0, b"")
+    assert result.stderr == b"error: the guest exited with status 0\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# pulling images
+
+
+def test_first_use_of_a_runtime_pulls_its_image_with_two_lines_on_stderr(
+    fresh_env: dict[str, str],
+) -> None:
+    first = guest(fresh_env, "print('ran')")
+    assert (first.returncode, console(first)) == (0, "ran\n")
+    assert_lines(first.stderr.decode(), pulled_lines(IMAGE))
+    image = cache_of(fresh_env) / IMAGE_PATH
+    assert image.is_file()
+    assert image.with_name(image.name + ".digest").is_file()
+    again = guest(fresh_env, "print('ran')")
+    assert (again.returncode, again.stderr) == (0, b"")
+
+
+def test_pull_lines_are_printed_at_every_log_level(fresh_env: dict[str, str]) -> None:
+    result = run_standin(fresh_env, "--log-level", "error", "run", "--exec", "pass")
+    assert result.returncode == 0
+    assert_lines(result.stderr.decode(), pulled_lines(IMAGE))
+
+
+def test_an_image_without_its_digest_file_is_pulled_again(fresh_env: dict[str, str]) -> None:
+    info_log(fresh_env)
+    image = cache_of(fresh_env) / IMAGE_PATH
+    image.with_name(image.name + ".digest").unlink()
+    result = guest(fresh_env, "pass")
+    assert result.returncode == 0
+    assert_lines(result.stderr.decode(), pulled_lines(IMAGE))
+
+
+def test_hluk_registry_and_image_version_choose_the_image_and_so_its_snapshot(
+    fresh_env: dict[str, str],
+) -> None:
+    assert "restored=false" in info_log(fresh_env)
+    custom = {
+        **fresh_env,
+        "HLUK_REGISTRY": "https://registry.example:5000/team/",
+        "HLUK_IMAGE_VERSION": " v0.20.1 ",
+    }
+    log = info_log(custom)
+    assert log.splitlines()[0] == "pulling registry.example:5000/team/python:initrd-v0.20.1..."
+    assert "restored=false" in log
+    assert (cache_of(fresh_env) / "rootfs/registry.example_5000/team/python").is_dir()
+    assert "restored=true" in info_log(custom)
+    # A blank HLUK_IMAGE_VERSION is no version: the default image, and its snapshot.
+    assert "restored=true" in info_log({**fresh_env, "HLUK_IMAGE_VERSION": "  "})
+
+
+@pytest.mark.parametrize(
+    ("reference", "path"),
+    [
+        (
+            f"ghcr.io/acme/images/python@sha256:{'ab' * 32}",
+            f"ghcr.io/acme/images/python/sha256_{'ab' * 32}.cpio",
+        ),
+        ("localhost:5000/python:dev", "localhost_5000/python/dev.cpio"),
+        ("registry.example/agent", "registry.example/agent/latest.cpio"),
+    ],
+    ids=["digest", "port", "no-tag"],
+)
+def test_a_full_image_reference_is_pulled_as_named_to_its_own_path(
+    fresh_env: dict[str, str], reference: str, path: str
+) -> None:
+    result = guest(fresh_env, "print('ran')", "--runtime", reference)
+    assert (result.returncode, console(result)) == (0, "ran\n")
+    shown = reference if ":" in reference.rsplit("/", 1)[-1] else reference + ":latest"
+    assert_lines(result.stderr.decode(), pulled_lines(shown))
+    assert (cache_of(fresh_env) / "rootfs" / path).is_file()
+
+
+def test_version_is_printed_verbatim_for_a_pre_release_and_tags_the_image(
+    fresh_env: dict[str, str],
+) -> None:
+    rc = {**fresh_env, "HLUK_STANDIN_VERSION": "0.19.0-rc1"}
+    version = run_standin(rc, "--version")
+    assert (version.returncode, version.stdout, version.stderr) == (0, b"hluk 0.19.0-rc1\n", b"")
+    result = guest(rc, "pass")
+    assert result.returncode == 0
+    image = "ghcr.io/hyperlight-dev/hyperlight-unikraft/python:initrd-v0.19.0-rc1"
+    assert_lines(result.stderr.decode(), pulled_lines(image))
+
+
+def test_an_injected_failure_comes_after_the_pull_and_is_the_last_line(
+    fresh_env: dict[str, str], tmp_path: Path
+) -> None:
+    fail_file = tmp_path / "fail"
+    fail_file.write_text("1")
+    failing = {
+        **fresh_env,
+        "HLUK_STANDIN_FAIL_FILE": str(fail_file),
+        "HLUK_STANDIN_FAIL_MESSAGE": "cannot open /dev/kvm: Permission denied (os error 13)",
+    }
+    result = run_standin(failing, "--log-level", "info", "run", "--exec", "print('ran')")
+    assert (result.returncode, result.stdout) == (1, b"")
+    error = re.escape("error: cannot open /dev/kvm: Permission denied (os error 13)")
+    assert_lines(plain(result.stderr), [*pulled_lines(IMAGE), error])
+
+
+def test_hang_comes_after_the_pull(fresh_env: dict[str, str], tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [fresh_env["HLUK_PATH"], "run", "--mount", f"{tmp_path}:/out", "--exec", WRITE_TO_MOUNT],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **fresh_env, "HLUK_STANDIN_HANG": "1"},
+    )
+    assert proc.stderr is not None
+    try:
+        seen = read_until(proc.stderr.fileno(), b" s\n", 30)
+        assert_lines(seen.decode(), pulled_lines(IMAGE))
+        time.sleep(0.5)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert not (tmp_path / "ran").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# logs, the profile and the last line
+
+
+LOG_LINE = re.compile(
+    r"\x1b\[2m(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z)\x1b\[0m "
+    r"\x1b\[(?P<colour>\d+)m(?P<level>[ A-Z]{5})\x1b\[0m (?P<rest>.*)"
+)
+
+
+def test_logs_are_tracing_lines_coloured_even_on_a_pipe(fresh_env: dict[str, str]) -> None:
+    guest(fresh_env, "pass", "--cold")  # pulled before
+    result = run_standin(fresh_env, "--log-level", "info", "run", "--exec", "pass")
+    assert result.returncode == 0
+    lines = result.stderr.decode().splitlines()
+    matches = [LOG_LINE.fullmatch(line) for line in lines]
+    assert all(matches), lines
+    now = datetime.now(timezone.utc)
+    for match in matches:
+        assert match is not None
+        stamp = datetime.strptime(match["time"], "%Y-%m-%dT%H:%M:%S.%fZ")
+        assert abs(stamp.replace(tzinfo=timezone.utc) - now) < timedelta(minutes=1)
+        assert (match["colour"], match["level"]) == ("32", " INFO")
+    slot = snapshot_slots(fresh_env)[0]
+    assert_lines(
+        "\n".join(ANSI.sub("", match["rest"]) for match in matches if match),
+        [
+            r"boot elapsed_ms=\d+\.\d restored=false",
+            rf"warm snapshot saved elapsed_ms=\d+\.\d path={re.escape(str(slot))} pruned=0",
+        ],
+    )
+
+
+def test_no_color_turns_the_log_colours_off(env: dict[str, str]) -> None:
+    result = run_standin({**env, "NO_COLOR": "1"}, "--log-level", "info", "run", "--exec", "pass")
+    assert result.returncode == 0
+    assert b"\x1b" not in result.stderr
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT[\d:.]+Z  INFO boot elapsed_ms=\d+\.\d restored=(true|false)\n",
+        result.stderr.decode(),
+    )
+
+
+def test_nothing_is_logged_without_log_level(fresh_env: dict[str, str]) -> None:
+    first = guest(fresh_env, "pass")  # pulls, boots and saves a snapshot: only the pull is said
+    assert first.returncode == 0
+    assert_lines(first.stderr.decode(), pulled_lines(IMAGE))
+    assert guest(fresh_env, "pass").stderr == b""
+
+
+def test_hluk_profile_prints_a_table_then_the_error_line_last(env: dict[str, str]) -> None:
+    result = guest({**env, "HLUK_PROFILE": ""}, "print('x')\nimport os\nos._exit(3)")
+    assert result.returncode == 3
+    lines = result.stderr.decode().splitlines()
+    assert re.fullmatch(
+        r"hluk profile \(host side\) +count +total ms +mean µs +max µs +exits", lines[0]
+    )
+    assert re.fullmatch(r"entry Exec +1 +\d+\.\d{3} +\d+\.\d +\d+\.\d +\d+\.\d", lines[1])
+    assert lines[-1] == "error: the guest exited with status 3"
+
+
+@pytest.mark.parametrize(("setting", "shown"), [("1", True), ("yes", True), ("0", False)])
+def test_hluk_profile_is_on_unless_0(env: dict[str, str], setting: str, shown: bool) -> None:
+    result = guest({**env, "HLUK_PROFILE": setting}, "print('x')")
+    assert (result.returncode, console(result)) == (0, "x\n")
+    assert result.stderr.startswith(b"hluk profile (host side)") is shown
+    if not shown:
+        assert result.stderr == b""
+
+
+# ---------------------------------------------------------------------------------------------
+# the snapshot cache as hluk keeps it
+
+STAMP = re.compile(r"key=(k[0-9a-f]{16}-c\d+)\n")
+
+
+def expected_stamp(key: str, rootfs: Path, scratch_mb: int, warm_exec: str = "") -> str:
+    meta = rootfs.stat()
+    return (
+        f"key={key}\nrootfs={rootfs.resolve()}\nsize={meta.st_size}\nmtime={meta.st_mtime_ns}\n"
+        f"scratch_mb={scratch_mb}\nentry=\nwarm_exec={warm_exec}\n"
+    )
+
+
+def test_a_snapshot_slot_is_named_by_the_hash_of_hluks_stamp(fresh_env: dict[str, str]) -> None:
+    warm_exec = "import json\nimport re"
+    info_log(fresh_env, "--warm-exec", warm_exec)
+    [slot] = snapshot_slots(fresh_env)
+    stamp = (slot / "stamp").read_text()
+    key = STAMP.match(stamp)
+    assert key is not None, stamp
+    assert stamp == expected_stamp(key[1], cache_of(fresh_env) / IMAGE_PATH, 256, warm_exec)
+    assert slot.name == hashlib.sha256(stamp.encode()).hexdigest()[:16]
+    assert sorted(p.name for p in slot.iterdir()) == ["stamp", "state.json"]
+    assert [p.name for p in slot.parent.iterdir()] == [slot.name]  # no .part left
+
+
+def test_a_warm_initrd_snapshot_is_stamped_with_the_initrd_file(
+    fresh_env: dict[str, str], tmp_path: Path
+) -> None:
+    initrd = tmp_path / "rootfs.cpio"
+    initrd.write_bytes(b"070701")
+    info_log(fresh_env, "--initrd", str(initrd), "--warm", "--scratch-mb", "300")
+    [slot] = snapshot_slots(fresh_env)
+    stamp = (slot / "stamp").read_text()
+    key = STAMP.match(stamp)
+    assert key is not None
+    assert stamp == expected_stamp(key[1], initrd, 300)
+
+
+def test_a_snapshot_whose_state_cannot_be_loaded_boots_fresh_and_says_so(
+    fresh_env: dict[str, str],
+) -> None:
+    info_log(fresh_env)
+    [slot] = snapshot_slots(fresh_env)
+    (slot / "state.json").write_text("{")
+    log = info_log(fresh_env)
+    assert "cached warm snapshot cannot be used; booting fresh" in log
+    assert "restored=false" in log
+    assert "warm snapshot saved" in log
+    assert "restored=true" in info_log(fresh_env)
+
+
+def test_a_rebuilt_rootfs_prunes_the_snapshots_of_its_earlier_file(
+    fresh_env: dict[str, str], tmp_path: Path
+) -> None:
+    initrd, other = tmp_path / "rootfs.cpio", tmp_path / "other.cpio"
+    initrd.write_bytes(b"070701")
+    other.write_bytes(b"070701")
+    info_log(fresh_env, "--initrd", str(initrd), "--warm")
+    info_log(fresh_env, "--initrd", str(initrd), "--warm", "--scratch-mb", "512")
+    info_log(fresh_env, "--initrd", str(other), "--warm")
+    assert "restored=true" in info_log(fresh_env, "--initrd", str(initrd), "--warm")
+    assert len(snapshot_slots(fresh_env)) == 3
+    initrd.write_bytes(b"0707010")  # rebuilt: the snapshots of the earlier file never match again
+    log = info_log(fresh_env, "--initrd", str(initrd), "--warm")
+    assert "restored=false" in log
+    assert "pruned=2" in log
+    rootfs_of = [(s / "stamp").read_text().splitlines()[1] for s in snapshot_slots(fresh_env)]
+    assert sorted(rootfs_of) == sorted([f"rootfs={initrd.resolve()}", f"rootfs={other.resolve()}"])
+
+
+def test_an_image_pulled_again_prunes_the_snapshots_of_the_earlier_file(
+    fresh_env: dict[str, str],
+) -> None:
+    info_log(fresh_env)
+    image = cache_of(fresh_env) / IMAGE_PATH
+    image.with_name(image.name + ".digest").unlink()
+    log = info_log(fresh_env)
+    assert "restored=false" in log
+    assert "pruned=1" in log
+    assert len(snapshot_slots(fresh_env)) == 1
+
+
+def test_two_first_runs_of_one_snapshot_can_break_each_others_save(
+    fresh_env: dict[str, str], tmp_path: Path
+) -> None:
+    # hluk writes a snapshot into <slot>.part, a fixed name with no lock: a second first run
+    # removes the first one's directory and writes its own there; the one that comes second to
+    # the rename finds no directory left, and fails before its workload.
+    racing = {**fresh_env, "HLUK_STANDIN_SAVE_SECONDS": "3"}
+    assert guest(racing, "pass", "--cold").returncode == 0  # pulled, no snapshot yet
+    out = tmp_path / "out"
+    out.mkdir()
+    procs = [
+        subprocess.Popen(
+            [
+                racing["HLUK_PATH"],
+                "run",
+                "--mount",
+                f"{out}:/out",
+                "--exec",
+                f"open('/out/ran-{i}', 'w')",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **racing},
+        )
+        for i in range(2)
+    ]
+    outputs = [proc.communicate(timeout=60) for proc in procs]
+    outcomes = [(proc.returncode, *output) for proc, output in zip(procs, outputs, strict=True)]
+    failed = [i for i, (status, _, _) in enumerate(outcomes) if status != 0]
+    assert failed, outcomes
+    for i in failed:
+        status, stdout, stderr = outcomes[i]
+        assert (status, stdout) == (1, b"")
+        last = stderr.decode().splitlines()[-1]
+        assert last.startswith("error: cannot save the warm snapshot: No such file or directory")
+        assert not (out / f"ran-{i}").exists()
+    assert "restored=true" in info_log(fresh_env)
+
+
+HASH_PROBE = "print(hash('abc'), hash(b'abc'), list({'a', 'b', 'c', 'd', 'e', 'f'}))"
+
+
+def test_every_run_of_a_snapshot_has_its_string_hash_seed(fresh_env: dict[str, str]) -> None:
+    runs = {console(guest(fresh_env, HASH_PROBE)) for _ in range(3)}  # a boot, two restores
+    assert len(runs) == 1
+    other_snapshot = {console(guest(fresh_env, HASH_PROBE, "--warm-exec", "pass"))}
+    assert other_snapshot != runs
+
+
+def test_cold_runs_have_a_fresh_string_hash_seed(fresh_env: dict[str, str]) -> None:
+    runs = {console(guest(fresh_env, HASH_PROBE, "--cold")) for _ in range(3)}
+    assert len(runs) == 3
+
+
+RANDOM_PROBE = "import random\nprint(random.getrandbits(64))"
+
+
+def test_random_imported_by_the_warm_exec_is_frozen_in_the_snapshot(
+    fresh_env: dict[str, str],
+) -> None:
+    runs = [console(guest(fresh_env, RANDOM_PROBE, "--warm-exec", "import random")) for _ in "abc"]
+    assert len(set(runs)) == 1, runs
+
+
+def test_random_imported_by_the_workload_is_fresh_in_every_run(fresh_env: dict[str, str]) -> None:
+    runs = {console(guest(fresh_env, RANDOM_PROBE)) for _ in range(3)}
+    assert len(runs) == 3
+
+
+def test_a_workload_that_reseeds_random_gets_fresh_numbers(fresh_env: dict[str, str]) -> None:
+    code = "random.seed()\n" + RANDOM_PROBE
+    runs = {console(guest(fresh_env, code, "--warm-exec", "import random")) for _ in range(3)}
+    assert len(runs) == 3
+
+
+def test_the_agent_driver_imports_random_before_the_snapshot(fresh_env: dict[str, str]) -> None:
+    runs = [console(guest(fresh_env, RANDOM_PROBE, "--runtime", "agent")) for _ in range(3)]
+    assert len(set(runs)) == 1, runs
+
+
+def test_os_urandom_is_fresh_in_every_restore(fresh_env: dict[str, str]) -> None:
+    code = "import os\nprint(os.urandom(16).hex())"
+    runs = {console(guest(fresh_env, code, "--warm-exec", "import os")) for _ in range(3)}
+    assert len(runs) == 3
+
+
+@pytest.mark.parametrize(
+    ("flags", "left"),
+    [([], []), (["--snapshots"], ["rootfs"]), (["--rootfs"], ["snapshots"])],
+    ids=["both", "snapshots", "rootfs"],
+)
+def test_cache_clean_removes_the_snapshots_and_or_the_images(
+    fresh_env: dict[str, str], flags: list[str], left: list[str]
+) -> None:
+    info_log(fresh_env)
+    (cache_of(fresh_env) / "snapshots" / "0123456789abcdef.part").mkdir()  # a killed run's
+    result = run_standin(fresh_env, "cache", "clean", *flags)
+    assert (result.returncode, result.stdout) == (0, b"")
+    assert re.fullmatch(rb"removed \d+\.\d MiB\n", result.stderr)
+    assert sorted(p.name for p in cache_of(fresh_env).iterdir()) == left
+
+
+def test_cache_ls_lists_the_images_and_the_snapshots(fresh_env: dict[str, str]) -> None:
+    info_log(fresh_env, "--warm-exec", "import json")
+    [slot] = snapshot_slots(fresh_env)
+    result = run_standin(fresh_env, "cache", "ls")
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert_lines(
+        result.stdout.decode(),
+        [
+            re.escape(f"cache: {cache_of(fresh_env)}"),
+            "",
+            re.escape("rootfs images (1)"),
+            rf"  {re.escape(IMAGE_PATH)}  \d+\.\d MiB",
+            "",
+            re.escape("warm snapshots (1)"),
+            rf"  snapshots/{slot.name}  \d+\.\d MiB  rootfs={re.escape(IMAGE_PATH)} "
+            r'scratch_mb=256 warm_exec="import json"',
+        ],
+    )
+    assert run_standin(fresh_env, "cache").stdout == result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# --mount as hluk parses it
+
+
+def test_a_mount_without_a_colon_is_refused_before_anything_else(
+    fresh_env: dict[str, str], tmp_path: Path
+) -> None:
+    result = guest(fresh_env, "pass", "--mount", str(tmp_path))
+    assert (result.returncode, result.stdout) == (1, b"")
+    message = f'error: invalid --mount "{tmp_path}": expected HOST:GUEST[:ro]\n'
+    assert result.stderr.decode() == message
+    assert not cache_of(fresh_env).exists()  # nothing pulled
+
+
+BAD_GUEST_PATHS = {
+    "relative": ("{dir}:data", "data"),
+    "whitespace": ("{dir}:/da ta", "/da ta"),
+    "brackets": ("{dir}:/data[0]", "/data[0]"),
+    "colon": ("{dir}:/a:b", "/a:b"),
+    "rw-suffix": ("{dir}:/data:rw", "/data:rw"),
+    "upper-case-ro": ("{dir}:/data:RO", "/data:RO"),
+    "empty": ("{dir}::ro", ""),
+    "colon-in-host": ("{dir}/a:b/case:/case:ro", "b/case:/case"),
+}
+
+
+@pytest.mark.parametrize(("mount", "guest_path"), BAD_GUEST_PATHS.values(), ids=BAD_GUEST_PATHS)
+def test_an_unusable_guest_mount_path_fails_at_boot_after_the_pull(
+    fresh_env: dict[str, str], tmp_path: Path, mount: str, guest_path: str
+) -> None:
+    result = guest(fresh_env, "print('ran')", "--mount", mount.format(dir=tmp_path))
+    assert (result.returncode, result.stdout) == (1, b"")
+    error = (
+        f'error: guest mount path "{guest_path}" must be absolute and contain no whitespace, '
+        "':' or brackets (it is passed to the kernel in its vfs.fstab list)"
+    )
+    assert_lines(result.stderr.decode(), [*pulled_lines(IMAGE), re.escape(error)])
+    assert snapshot_slots(fresh_env) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("absent", "No such file or directory (os error 2)"),
+        ("file", "Not a directory (os error 20)"),
+    ],
+)
+def test_a_host_directory_that_cannot_be_opened_fails_at_boot(
+    env: dict[str, str], tmp_path: Path, name: str, why: str
+) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    host = tmp_path / name
+    result = guest(env, "print('ran')", "--mount", f"{host}:/data:ro")
+    assert (result.returncode, result.stdout) == (1, b"")
+    message = f"error: cannot open the host directory {host} for the guest mount /data: {why}\n"
+    assert result.stderr.decode() == message
+
+
+def test_a_relative_host_path_is_relative_to_hluks_working_directory(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "in.txt").write_text("found")
+    result = subprocess.run(
+        [
+            env["HLUK_PATH"],
+            "run",
+            "--mount",
+            "sub:/data:ro",
+            "--exec",
+            "print(open('/data/in.txt').read())",
+        ],
+        input=b"",
+        capture_output=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, **env},
+    )
+    assert (result.returncode, console(result), result.stderr) == (0, "found\n", b"")
+
+
+# ---------------------------------------------------------------------------------------------
+# a hluk that dies of a signal
+
+
+@pytest.mark.parametrize("name", ["BUS", "SEGV", "KILL"])
+def test_standin_signal_kills_hluk_with_it_after_the_pull(
+    fresh_env: dict[str, str], tmp_path: Path, name: str
+) -> None:
+    dying = {**fresh_env, "HLUK_STANDIN_SIGNAL": name}
+    result = guest(dying, WRITE_TO_MOUNT, "--mount", f"{tmp_path}:/out")
+    assert result.returncode == -getattr(signal, f"SIG{name}")
+    assert result.stdout == b""
+    assert_lines(result.stderr.decode(), pulled_lines(IMAGE))
+    assert not (tmp_path / "ran").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# the environment the stand-in is started with
+
+
+@pytest.mark.parametrize("cache_variable", ["HLUK_CACHE_DIR", "XDG_CACHE_HOME"])
+def test_the_standin_runs_with_only_path_home_and_hluk_variables(
+    env: dict[str, str], tmp_path: Path, cache_variable: str
+) -> None:
+    minimal = {
+        "PATH": os.environ.get("PATH", os.defpath),
+        "HOME": os.environ.get("HOME", str(Path.home())),
+        cache_variable: str(tmp_path / "cache"),
+        "HLUK_STANDIN_BWRAP": env["HLUK_STANDIN_BWRAP"],
+        "HLUK_STANDIN_PULL_SECONDS": "0",
+    }
+    result = subprocess.run(
+        [env["HLUK_PATH"], "run", "--exec", "import sys\nprint(sys.executable)"],
+        input=b"",
+        capture_output=True,
+        timeout=60,
+        env=minimal,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    assert console(result) == guest_python.find_python() + "\n"
+    assert_lines(result.stderr.decode(), pulled_lines(IMAGE))
+    assert list((tmp_path / "cache").rglob("stamp"))
+
+
+def test_the_guest_runs_the_interpreter_guest_python_chooses(env: dict[str, str]) -> None:
+    assert guest_value(env, "sys.executable") == guest_python.find_python()

@@ -1,10 +1,17 @@
 """The stand-in's guest driver: what hluk's Python driver does inside the micro-VM.
 
-The stand-in hluk runs this file's text with ``python -I -X utf8 -c`` inside bubblewrap. It
+The stand-in hluk runs this file's text with ``python -s -P -X utf8 -c`` inside bubblewrap,
+with only PATH (and, for a warm run, the snapshot's PYTHONHASHSEED) in its environment. It
 reproduces the driver's contract from docs/hluk.md and nothing kinder: the code runs in the
 globals of ``__main__`` with no ``__file__``, ``sys.argv`` is the driver's name, threads are not
-joined and atexit handlers do not run when the code returns, and the status is reported through a
+joined and atexit handlers do not run when the code returns, a failed call says
+``hl_driver: dispatch callback failed`` on the console, and the status is reported through a
 private descriptor so the stand-in can tell "the driver returned N" from "the guest process died".
+
+A warm snapshot freezes the interpreter as it was after the warm-exec: its string-hash seed (the
+stand-in passes the snapshot's) and the state of ``random`` and ``numpy.random`` if they were
+imported by then (seeded here with the snapshot's seed). The agent image's driver imports them
+at boot.
 """
 
 import json
@@ -46,10 +53,37 @@ def _clean_main_globals() -> dict:
     return namespace
 
 
+# What the driver prints on the console when a call ends with a status other than 0.
+CALL_FAILED = b"hl_driver: dispatch callback failed\n"
+
+
+def _preimport(names: list[str]) -> None:
+    """What the runtime's driver imports at boot, before any warm-exec (the agent image's)."""
+    for name in names:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+
+
+def _freeze_random(seed: int | None) -> None:
+    """Put the generators imported so far in the state the snapshot holds them in: the same
+    in every run of one snapshot. Nothing is imported here that was not imported already."""
+    if seed is None:
+        return
+    if "random" in sys.modules:
+        sys.modules["random"].seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "random"):
+        numpy.random.seed(seed % 2**32)
+
+
 def _run(config: dict) -> int:
     namespace = _clean_main_globals()
+    _preimport(config["preimport"])
     if config["warm_exec"] is not None:
         exec(compile(config["warm_exec"], "<string>", "exec"), namespace)
+    _freeze_random(config["random_seed"])
     if config["guest_exec"] is not None:
         argv = shlex.split(config["guest_exec"])
         sys.argv = argv
@@ -84,6 +118,11 @@ def main() -> None:
         try:
             stream.flush()
         except Exception:
+            pass
+    if status != 0:
+        try:
+            os.write(2, CALL_FAILED)
+        except OSError:
             pass
     os.write(status_fd, b"%d\n" % status)
     # The call ends here: no thread is joined, no atexit handler runs.
