@@ -63,6 +63,9 @@ def hluk(monkeypatch: pytest.MonkeyPatch, standin_env: dict[str, str]) -> Iterat
         if name.startswith("HLUK_STANDIN_") and name not in standin_env:
             monkeypatch.delenv(name)
     monkeypatch.delenv("HLUK_INITRD", raising=False)
+    # run_code passes hluk only what hluk reads; the stand-in's own settings are added as an
+    # operator adds variables a wrapper needs.
+    monkeypatch.setenv("VERL_HYPERLIGHT_HLUK_ENV", "HLUK_STANDIN_*")
     yield Path(standin_env["HLUK_PATH"])
 
 

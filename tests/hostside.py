@@ -40,7 +40,7 @@ class Host:
 
     def warm_ups(self) -> list[list[str]]:
         """The warm-up runs: those whose workload is the warm-up's probe."""
-        return [argv for argv in self.runs() if option(argv, "--exec") == _warmup.PROBE]
+        return [argv for argv in self.runs() if ".probe(" in (option(argv, "--exec") or "")]
 
     def case_runs(self) -> list[list[str]]:
         """The case runs: those that mount a case directory."""

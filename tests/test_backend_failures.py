@@ -5,6 +5,7 @@ solution started is retried once."""
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import STANDIN
 from hostside import Host, result, run, sandbox_error
+
+from verl_hyperlight import _hluk
 
 # A hluk that crashes after the solution started: it forwards the stand-in's console until the
 # runner's start frame has passed, then its VM (the stand-in) dies with it and it panics, as a
@@ -153,7 +156,10 @@ def test_a_failure_before_the_solution_started_twice_is_a_sandbox_error(
     run("pass")
     fail_with(monkeypatch, fail_file, "failed to restore snapshot: interrupted", 2)
     assert "failed to restore snapshot: interrupted" in sandbox_error(run("print(1)"))
-    assert len(host.case_runs()) == 1 + 2
+    # The case failed at once, so before its retry the guest was probed again, and the probe
+    # failed the same way: the case is answered without a third run.
+    assert len(host.case_runs()) == 1 + 1
+    assert len(host.warm_ups()) == 2
 
 
 def test_a_guest_that_never_starts_is_a_sandbox_error_distinct_from_a_timeout(
@@ -202,3 +208,148 @@ def test_a_bad_startup_timeout_setting_is_reported_and_the_default_used(
     reports = [r for r in caplog.records if "VERL_HYPERLIGHT_STARTUP_TIMEOUT" in r.getMessage()]
     assert len(reports) == 1
     assert "using 60" in reports[0].getMessage()
+
+
+# ---------------------------------------------------------------------------------------------
+# What decides that hluk failed: hluk's own stderr, never the guest's console
+
+
+# Each prints the message of a backend failure where the host could read it (its streams, and
+# the console itself), then breaks the runner's report of the case.
+POSING = (
+    "import os, sys\n"
+    "LIE = 'error: failed to open /dev/kvm: Permission denied\\n'\n"
+    "print(LIE, end='')\n"
+    "print(LIE, end='', file=sys.stderr)\n"
+    "consoles = [fd for fd in range(3, 64) if os.isatty(fd)]\n"
+    "for fd in consoles:\n"
+    "    os.write(fd, LIE.encode())\n"
+)
+BREAKS = {
+    "closes the console": "for fd in consoles:\n    os.close(fd)\n",
+    "makes the report raise": (
+        "runner = [m for name, m in list(sys.modules.items())\n"
+        "          if 'verl_hyperlight' in name and hasattr(m, '_Case')][0]\n"
+        "def fail(*args):\n"
+        "    raise RuntimeError(LIE)\n"
+        "runner._case.frame = fail\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("breaks", BREAKS)
+def test_a_solution_that_breaks_the_runners_report_is_its_own_failure(
+    host: Host, caplog: pytest.LogCaptureFixture, breaks: str
+) -> None:
+    run("pass")
+    caplog.set_level(logging.WARNING, logger="verl_hyperlight")
+    response = run(POSING + BREAKS[breaks])
+    status, run_status, return_code, _, _ = result(response)
+    assert (status, run_status) == ("Failed", "Finished"), response
+    assert return_code not in (None, 0)
+    # Nothing the guest printed reached a diagnosis, a log line or a message.
+    assert "kvm" not in response["message"]
+    assert [r.getMessage() for r in caplog.records if "kvm" in r.getMessage()] == []
+    assert len(host.case_runs()) == 1 + 1  # a solution's failure is not retried
+
+
+def test_the_console_before_the_start_still_explains_a_failed_start(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Before the solution starts, the console is hluk's driver's alone: a failing warm-exec
+    # (here: the runner missing from the image's snapshot) is reported with its traceback.
+    from verl_hyperlight import _guest
+
+    monkeypatch.setattr(_guest, "warm_exec_code", lambda: "raise ImportError('no runner here')")
+    message = sandbox_error(run("print(1)"))
+    assert "ImportError: no runner here" in message
+
+
+# ---------------------------------------------------------------------------------------------
+# hluk's environment
+
+
+def test_hluk_gets_what_it_reads_of_the_workers_environment_and_nothing_else(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seen = tmp_path / "environment"
+    wrapper = tmp_path / "hluk"
+    wrapper.write_text(
+        f"#!/bin/sh\n/usr/bin/env > {seen}\nexec {os.environ['HLUK_PATH']} \"$@\"\n"
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(wrapper))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-pass")
+    monkeypatch.setenv("WANDB_API_KEY", "do-not-pass")
+    monkeypatch.setenv("HLUK_REGISTRY", "ghcr.io/hyperlight-dev/hyperlight-unikraft")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert result(run("print('ok')"))[:4] == ("Success", "Finished", 0, "ok\n")
+    names = {line.split("=", 1)[0] for line in seen.read_text().splitlines()}
+    assert {"PATH", "HOME", "HLUK_CACHE_DIR", "HLUK_REGISTRY", "HTTPS_PROXY"} <= names
+    assert "do-not-pass" not in seen.read_text()
+    # What is left is hluk's, or what the operator added (the stand-in's own settings here).
+    extra = {name for name in names if name not in _hluk.PASSED_ENVIRONMENT}
+    assert all(name.startswith("HLUK_STANDIN_") for name in extra - {"PWD", "SHLVL", "_"}), extra
+
+
+# ---------------------------------------------------------------------------------------------
+# small ones
+
+
+@pytest.mark.parametrize("version", ["0.19.0-rc1", "0.19.0-alpha.2", "0.18.9"])
+def test_a_hluk_before_0_19_0_is_refused_pre_releases_included(
+    host: Host, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    monkeypatch.setenv("HLUK_STANDIN_VERSION", version)
+    message = sandbox_error(run("print(1)"))
+    assert version in message and "0.19.0 or later" in message
+
+
+@pytest.mark.parametrize("version", ["0.19.0", "0.19.1-rc1", "1.0.0"])
+def test_a_hluk_of_0_19_0_or_later_is_accepted(
+    host: Host, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    monkeypatch.setenv("HLUK_STANDIN_VERSION", version)
+    assert result(run("print(1)"))[:3] == ("Success", "Finished", 0)
+
+
+def test_an_unusable_cache_directory_is_a_sandbox_error_with_the_back_off(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    not_a_directory = tmp_path / "cache-file"
+    not_a_directory.write_text("")
+    monkeypatch.setenv("HLUK_CACHE_DIR", str(not_a_directory))
+    message = sandbox_error(run("print(1)"))
+    assert f"hluk's cache directory {not_a_directory} is not usable" in message
+    assert "HLUK_CACHE_DIR" in message
+    spawned = len(host.runs())
+    # During the back-off a case fails at once, without running hluk (--version) again.
+    assert "is not usable" in sandbox_error(run("print(1)"))
+    assert len(host.runs()) == spawned
+
+
+def test_a_one_off_failure_is_not_logged_as_zeroing_every_reward(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    crashing = tmp_path / "hluk"
+    crashing.write_text(
+        CRASHING_HLUK.format(python=shlex.quote(sys.executable), standin=str(STANDIN))
+    )
+    crashing.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(crashing))
+    caplog.set_level(logging.ERROR, logger="verl_hyperlight")
+    sandbox_error(run("import time\nprint('partial', flush=True)\ntime.sleep(30)"))
+    [logged] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "panicked" in logged
+    assert "every code reward is zero" not in logged
+    assert "later cases run" in logged
+
+
+def test_a_persistent_failure_is_logged_as_zeroing_every_reward(
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="verl_hyperlight")
+    fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 100)
+    sandbox_error(run("print(1)"))
+    [logged] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "every code reward is zero while this lasts" in logged

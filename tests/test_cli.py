@@ -25,8 +25,12 @@ def test_warm_up_prepares_the_node(
     monkeypatch.setenv("HLUK_CACHE_DIR", str(tmp_path / "cache"))
     _warmup.forget()
     assert main(["warm-up"]) == 0
-    assert "the python image is warm on this node" in capsys.readouterr().out
-    assert list((tmp_path / "cache" / "verl-hyperlight").glob("*.ready"))
+    out = capsys.readouterr().out
+    assert "the python image is warm on this node (pulled and snapshotted in" in out
+    # Another process finds the snapshot the first took (and says so).
+    _warmup.forget()
+    assert main(["warm-up"]) == 0
+    assert "warm on this node (its warm snapshot restored in" in capsys.readouterr().out
 
 
 def test_warm_up_says_what_failed_and_exits_1(
@@ -50,8 +54,32 @@ def test_run_prints_the_response_verl_would_get(
 ) -> None:
     solution = tmp_path / "solution.py"
     solution.write_text("print(int(input()) * 2)\n")
-    monkeypatch.setattr("sys.stdin", io.StringIO("21\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"21\n")))
     assert main(["run", str(solution)]) == 0
     response = json.loads(capsys.readouterr().out)
     assert response["status"] == "Success"
     assert response["run_result"]["stdout"] == "42\n"
+
+
+def test_run_passes_the_solution_and_its_input_byte_for_byte(
+    hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    solution = tmp_path / "solution.py"
+    solution.write_bytes(b"import sys\r\ntext = sys.stdin.read()\r\nprint(repr(text))\r\n")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a\r\nb\r\n")))
+    assert main(["run", str(solution)]) == 0
+    response = json.loads(capsys.readouterr().out)
+    assert response["run_result"]["stdout"] == "'a\\r\\nb\\r\\n'\n"
+
+
+@pytest.mark.parametrize("bad", ["solution", "input"])
+def test_run_refuses_text_that_is_not_utf8_saying_which(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
+    solution = tmp_path / "solution.py"
+    solution.write_bytes(b"print(1)\n" if bad == "input" else b"print('\xff')\n")
+    stdin = b"\xfe\n" if bad == "input" else b""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    assert main(["run", str(solution)]) == 1
+    name = "standard input" if bad == "input" else str(solution)
+    assert f"{name} is not UTF-8 text" in capsys.readouterr().err

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import builtins
 import dis
+import os
 import sys
+import threading
 import traceback
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -345,32 +348,130 @@ def test_clear_module_clears_single_underscore_names_first_and_keeps_builtins() 
 # _CappedFile
 
 
-def test_capped_file_stops_at_the_limit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.fixture
+def output_case(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[runner._Case]:
+    """A case whose stdout and stderr are files under tmp_path, as the runner opens them, with
+    a console that is a file too, and an output limit of 10 bytes."""
+    console = os.open(tmp_path / "console", os.O_WRONLY | os.O_CREAT)
+    case = runner._Case("00", console)
+    for name in runner.OUTPUT_PATHS:
+        path = tmp_path / name
+        path.touch()
+        case.outputs[name] = os.open(path, os.O_RDONLY)
+        stat = os.fstat(case.outputs[name])
+        case.output_ids[(stat.st_dev, stat.st_ino)] = name
+    monkeypatch.setattr(runner, "_case", case)
+    monkeypatch.setattr(runner.protocol, "OUTPUT_LIMIT", 10)
+    opened = [console, *case.outputs.values()]
+    yield case
+    for fd in opened:
+        os.close(fd)
+
+
+def test_capped_file_stops_at_the_limit(
+    output_case: runner._Case, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     stops: list[str] = []
-    monkeypatch.setattr(runner, "OUTPUT_LIMIT", 10)
     monkeypatch.setattr(runner, "_stop_for_output_limit", stops.append)
-    path = tmp_path / "stdout"
-    with runner._CappedFile(str(path), "wb") as capped:
+    with runner._CappedFile(str(tmp_path / "stderr"), "wb") as capped:
         capped.stream = "stderr"
         assert capped.write(b"12345") == 5
         assert capped.write(b"678") == 3
         assert stops == []
-        assert capped.write(b"90abc") == 2
+        capped.write(b"90abc")
         assert stops == ["stderr"]
-        assert capped.write(b"more") == 0
-    assert path.read_bytes() == b"1234567890"
+    assert (tmp_path / "stderr").read_bytes() == b"1234567890"
+
+
+def test_capped_file_counts_what_other_descriptors_wrote_to_its_file(
+    output_case: runner._Case, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    stops: list[str] = []
+    monkeypatch.setattr(runner, "_stop_for_output_limit", stops.append)
+    (tmp_path / "stdout").write_bytes(b"12345678")  # as a child process or os.write would
+    with runner._CappedFile(str(tmp_path / "stdout"), "ab") as capped:
+        capped.write(b"abc")
+    assert stops == ["stdout"]
+    assert (tmp_path / "stdout").read_bytes() == b"12345678ab"
 
 
 def test_capped_file_takes_exactly_the_limit(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    output_case: runner._Case, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     stops: list[str] = []
-    monkeypatch.setattr(runner, "OUTPUT_LIMIT", 4)
     monkeypatch.setattr(runner, "_stop_for_output_limit", stops.append)
-    path = tmp_path / "stdout"
-    with runner._CappedFile(str(path), "wb") as capped:
-        assert capped.write(memoryview(b"abcd")) == 4
-    assert (path.read_bytes(), stops) == (b"abcd", [])
+    with runner._CappedFile(str(tmp_path / "stdout"), "wb") as capped:
+        assert capped.write(memoryview(b"0123456789")) == 10
+    assert ((tmp_path / "stdout").read_bytes(), stops) == (b"0123456789", [])
+
+
+def test_os_write_past_the_limit_stops_the_solution(
+    output_case: runner._Case, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    stops: list[str] = []
+    monkeypatch.setattr(runner, "_stop_for_output_limit", stops.append)
+    fd = os.open(tmp_path / "stdout", os.O_WRONLY)
+    try:
+        assert runner._write(fd, b"0123456789") == 10
+        assert stops == []
+        runner._write(os.dup2(fd, fd), b"x")
+        assert stops == ["stdout"]
+    finally:
+        os.close(fd)
+
+
+def console_frames(path: Path) -> list[list[bytes]]:
+    return [line.split(b" ")[1:] for line in path.read_bytes().split(b"\n") if line]
+
+
+def test_finish_reports_the_end_before_the_output_then_done(
+    output_case: runner._Case, tmp_path: Path
+) -> None:
+    (tmp_path / "stdout").write_bytes(b"out")
+    output_case.finish(3)
+    frames = console_frames(tmp_path / "console")
+    assert [frame[0] for frame in frames] == [b"end", b"stdout", b"done"]
+    end = runner.protocol.parse_end(frames[0][1:])
+    assert (end.status, end.limit_hit, end.sizes) == (3, None, (3, 0))
+    assert frames[1][1] == b"b3V0"  # base64 of "out"
+
+
+def test_finish_past_the_limit_keeps_the_limit_and_reports_153(
+    output_case: runner._Case, tmp_path: Path
+) -> None:
+    (tmp_path / "stdout").write_bytes(b"x" * 25)  # as a child process writes, past any check
+    output_case.finish(0)
+    frames = console_frames(tmp_path / "console")
+    end = runner.protocol.parse_end(frames[0][1:])
+    assert (end.status, end.limit_hit, end.sizes) == (153, "stdout", (10, 0))
+
+
+def test_a_second_finish_waits_for_the_micro_vm_to_end(output_case: runner._Case) -> None:
+    output_case.finish(0)
+    second = threading.Thread(target=output_case.finish, args=(7,), daemon=True)
+    second.start()
+    second.join(0.5)
+    # Still waiting: it reported nothing, and the first report stands.
+    assert second.is_alive()
+
+
+def test_a_finish_that_cannot_report_ends_the_guest(
+    output_case: runner._Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exits: list[int] = []
+
+    def exit_now(status: int) -> None:
+        exits.append(status)
+        raise SystemExit  # stands for the process ending here
+
+    monkeypatch.setattr(runner, "_os_exit", exit_now)
+    closed = os.open(os.devnull, os.O_RDONLY)
+    os.close(closed)
+    # The solution closed the runner's descriptor of its stderr.
+    monkeypatch.setitem(output_case.outputs, "stderr", closed)
+    with pytest.raises(SystemExit):
+        output_case.finish(0)
+    assert exits == [runner.REPORT_FAILED_STATUS]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,8 +514,16 @@ def imported_modules(code: types.CodeType) -> set[str]:
     return names
 
 
-def test_runner_uses_only_the_standard_library() -> None:
-    code = compile(Path(runner.__file__).read_text(), runner.__file__, "exec")
+@pytest.mark.parametrize("module", [runner, runner.protocol])
+def test_the_guest_package_uses_only_the_standard_library(module: types.ModuleType) -> None:
+    code = compile(Path(module.__file__ or "").read_text(), module.__file__ or "", "exec")
     imported = imported_modules(code)
-    assert {"os", "sys", "threading"} <= imported
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__", ""}
+    # Its own modules, imported relatively: the ones the warm-exec loads.
+    relative = {
+        name
+        for i in dis.get_instructions(code)
+        if i.opname == "IMPORT_FROM" and i.argval in _guest.GUEST_MODULES
+        for name in [i.argval]
+    }
+    assert relative <= set(_guest.GUEST_MODULES)

@@ -83,22 +83,24 @@ class _FailureLog:
     """Backend failures: logged at ERROR once per cause per process, then counted, with a
     reminder at every power of ten so a long run keeps saying it is broken."""
 
+    PERSISTENT = "every code reward is zero while this lasts"
+    ONE_OFF = "the case is answered SandboxError, scored as a sandbox error; later cases run"
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {}
 
-    def record(
-        self,
-        cause: str,
-        message: str,
-        consequence: str = "every code reward is zero while this lasts",
-    ) -> None:
+    def record(self, cause: str, message: str, consequence: str) -> None:
         with self._lock:
             count = self.counts[cause] = self.counts.get(cause, 0) + 1
         if count == 1:
             logger.error("verl-hyperlight: %s (%s)", message, consequence)
         elif math.log10(count).is_integer():
             logger.error("verl-hyperlight: %d cases failed so far with: %s", count, message)
+
+    def backend(self, failure: BackendError) -> None:
+        consequence = self.PERSISTENT if failure.persistent else self.ONE_OFF
+        self.record(failure.cause, str(failure), consequence)
 
 
 failures = _FailureLog()
@@ -153,7 +155,7 @@ def _startup_timeout() -> float:
             "startup-timeout-setting",
             f"{STARTUP_TIMEOUT_ENV}={value!r} is not a positive number of seconds; "
             f"using {DEFAULT_STARTUP_TIMEOUT:.0f}",
-            consequence="cases still run",
+            "cases still run",
         )
         return DEFAULT_STARTUP_TIMEOUT
     return seconds
@@ -227,38 +229,38 @@ def _run_case(path: str, case: Case) -> Response:
     startup_timeout = _startup_timeout()
     case_dir = tempfile.mkdtemp(prefix="verl-hyperlight-")
     _janitor.tell(b"+", case_dir)
+    # hluk splits --mount at its first colon: a case directory whose path has one is named
+    # relative to the directory hluk runs in.
+    parent, name = os.path.split(case_dir)
+    mount = f"{name if ':' in case_dir else case_dir}:{CASE_MOUNT}:ro"
     try:
         with open(os.path.join(case_dir, "solution.py"), "wb") as f:
             f.write(case.code)
         with open(os.path.join(case_dir, "stdin"), "wb") as f:
             f.write(case.stdin)
         for attempt in (1, 2):
+            _warmup.ensure_ready(path, case.guest)
             nonce = secrets.token_hex(16)
             argv = [
                 path,
                 "run",
                 *case.guest.args(),
                 "--mount",
-                f"{case_dir}:{CASE_MOUNT}:ro",
+                mount,
                 "--exec",
                 workload_code(CASE_MOUNT, nonce),
             ]
-            outcome = _hluk.run(argv, nonce, case.run_timeout, startup_timeout)
-            if outcome.ending is Ending.HLUK_FAILED:
-                raise _hluk.failure_from(outcome, path)
-            if outcome.ending is not Ending.NOT_STARTED:
+            outcome = _hluk.run(argv, nonce, case.run_timeout, startup_timeout, cwd=parent)
+            if outcome.ending.is_the_solutions:
                 return from_outcome(outcome, case.run_timeout)
-            # Nothing of the solution ran: a backend failure, tried once more.
-            failure = _hluk.failure_from(outcome, path)
-            if outcome.hluk_status is None or outcome.hluk_status < 0:
-                failure = BackendError(
-                    f"the micro-VM did not start within {startup_timeout:.0f} s "
-                    f"({STARTUP_TIMEOUT_ENV}); the node may be overloaded: lower "
-                    "max_concurrent or reward.num_workers",
-                    "startup-timeout",
-                )
-            if attempt == 2:
+            failure = _hluk.failure(outcome, path)
+            if outcome.started or attempt == 2:
                 raise failure
+            # Nothing of the solution ran: a backend failure, tried once more. One that hluk
+            # reported at once may be a warm snapshot that went away (`hluk cache clean`) or
+            # that concurrent cold boots broke: the guest is seen warm again before the retry.
+            if outcome.ending is not Ending.STARTUP_TIMEOUT:
+                _warmup.invalidate(path, case.guest)
             logger.warning("verl-hyperlight: retrying a case that did not start: %s", failure)
         raise AssertionError("unreachable")
     finally:
@@ -285,19 +287,17 @@ def run_code(
                 message = (
                     f"verl-hyperlight runs Python only; language {language!r} is not supported"
                 )
-                failures.record("language", message, consequence="those cases score -1")
+                failures.record("language", message, "those cases score -1")
                 return sandbox_error(message), None
             raise InvalidRequest(f"unknown language {language!r}")
         case = _validate(sandbox_fusion_url, code, stdin, run_timeout, memory_limit_mb)
-        path = _hluk.hluk_path()
-        _warmup.ensure_ready(path, case.guest)
-        return _run_case(path, case), None
+        return _run_case(_hluk.hluk_path(), case), None
     except InvalidRequest as exc:
         return None, f"Invalid request: {exc}"
     except BackendError as exc:
-        failures.record(exc.cause, str(exc))
+        failures.backend(exc)
         return sandbox_error(str(exc)), None
     except Exception as exc:
         logger.exception("verl-hyperlight: internal error")
-        failures.record("internal", f"internal error: {exc!r}")
+        failures.record("internal", f"internal error: {exc!r}", failures.ONE_OFF)
         return sandbox_error(f"verl-hyperlight internal error: {exc!r}"), None

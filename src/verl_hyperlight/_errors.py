@@ -10,8 +10,13 @@ class InvalidRequest(HyperlightError):
 
 
 class BackendError(HyperlightError):
-    """hluk or the micro-VM failed; the message says what an operator should do."""
+    """hluk or the micro-VM failed; the message says what an operator should do.
 
-    def __init__(self, message: str, cause: str) -> None:
+    `cause` names the kind of failure (failures are logged once per cause); `persistent` says
+    whether it fails every case until an operator acts (no /dev/kvm, no hluk, an unknown
+    image) or only the case at hand (a crash, a start-up that took too long)."""
+
+    def __init__(self, message: str, cause: str, *, persistent: bool = True) -> None:
         super().__init__(message)
         self.cause = cause
+        self.persistent = persistent

@@ -22,6 +22,8 @@ PREPARED_MODULES = (
     "threading", "time", "traceback", "types", "typing", "unicodedata", "atexit", "base64",
     "numpy", "sympy",
 )  # fmt: skip
+# The guest package's modules, in the order they are loaded: the runner imports the protocol.
+GUEST_MODULES = ("protocol", "runner")
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Image:
     args: tuple[str, ...]
     min_memory_mb: int
     label: str
+    local_rootfs: str | None = None  # a root filesystem file of the user's (HLUK_INITRD)
 
 
 PYTHON = Image(("--runtime", "python"), 128, "the python image")
@@ -63,7 +66,10 @@ def image_for(url: str) -> Image:
     if name in ("", "python"):
         initrd = os.environ.get("HLUK_INITRD")
         if initrd:
-            return Image(("--initrd", initrd, "--warm"), PYTHON.min_memory_mb, f"initrd {initrd}")
+            initrd = os.path.abspath(initrd)  # hluk runs in another directory
+            return Image(
+                ("--initrd", initrd, "--warm"), PYTHON.min_memory_mb, f"initrd {initrd}", initrd
+            )
         return PYTHON
     if name == "agent":
         return AGENT
@@ -102,20 +108,38 @@ def guest_for(url: str, memory_limit_mb: object) -> Guest:
 
 @lru_cache(maxsize=1)
 def warm_exec_code() -> str:
-    """hluk's --warm-exec: load the runner as a module and prepare the common imports, once,
-    before the snapshot is taken."""
-    source = resources.files(runner.__name__.rsplit(".", 1)[0]).joinpath("runner.py").read_text()
-    name = runner.MODULE_NAME
-    return (
-        "import sys, types\n"
-        f"_m = types.ModuleType({name!r})\n"
-        f"exec(compile({source!r}, {runner.RUNNER_FILENAME!r}, 'exec'), _m.__dict__)\n"
-        f"sys.modules[{name!r}] = _m\n"
-        f"_m.prepare({list(PREPARED_MODULES)!r})\n"
-        "del _m, sys, types\n"
-    )
+    """hluk's --warm-exec: load the guest package (the frame protocol and the runner) and
+    prepare the common imports, once, before the snapshot is taken."""
+    package = runner.PACKAGE_NAME
+    lines = [
+        "import sys, types",
+        f"_p = sys.modules[{package!r}] = types.ModuleType({package!r})",
+        "_p.__path__ = []",
+    ]
+    for name in GUEST_MODULES:
+        source = resources.files(__package__).joinpath(f"guest/{name}.py").read_text()
+        module = f"{package}.{name}"
+        lines += [
+            f"_m = sys.modules[{module!r}] = types.ModuleType({module!r})",
+            f"_m.__package__ = {package!r}",
+            f"exec(compile({source!r}, {runner.RUNNER_FILENAME!r}, 'exec'), _m.__dict__)",
+            f"_p.{name} = _m",
+        ]
+    lines += [f"_p.runner.prepare({list(PREPARED_MODULES)!r})", "del _p, _m, sys, types"]
+    return "\n".join(lines) + "\n"
+
+
+def _call(function: str, *args: str) -> str:
+    module = runner.MODULE_NAME
+    arguments = ", ".join(repr(arg) for arg in args)
+    return f"__import__({module!r}, fromlist=['_']).{function}({arguments})"
 
 
 def workload_code(case_dir: str, nonce: str) -> str:
     """hluk's --exec for one case: run the case mounted at `case_dir`."""
-    return f"__import__({runner.MODULE_NAME!r}).main({case_dir!r}, {nonce!r})"
+    return _call("main", case_dir, nonce)
+
+
+def probe_code(nonce: str) -> str:
+    """hluk's --exec for a warm-up: report an empty case through the runner."""
+    return _call("probe", nonce)

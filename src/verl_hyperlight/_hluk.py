@@ -2,8 +2,11 @@
 
 hluk runs in a process group of its own that is killed whole on a timeout, and it gets
 SIGKILL when the thread that started it dies, so a reward worker that is killed takes its
-micro-VMs with it. Its console (the guest's merged stdout and stderr) is read as it arrives,
-bounded, and parsed for the runner's frames; its stderr carries hluk's own messages.
+micro-VMs with it. It gets the environment it needs and nothing else of the worker's. Its
+console (the guest's merged stdout and stderr) is read as it arrives and scanned for the
+runner's frames (``guest/protocol.py``), decoding the output as it comes, so a case holds its
+output once; its stderr carries hluk's own messages, of which the end is kept. How the run
+ended is decided once, in ``_decide``, from what hluk and the runner said.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import ctypes
 import enum
 import functools
 import math
+import mmap
 import os
 import re
 import secrets
@@ -26,18 +30,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import BackendError
-from .guest import runner
+from .guest import protocol
 
 MINIMUM_VERSION = (0, 19, 0)
-INSTALL_HINT = "install it (curl -fsSL <hyperlight-unikraft>/install.sh | sh) or set HLUK_PATH"
+INSTALL_HINT = (
+    "install it (curl -fsSL https://raw.githubusercontent.com/hyperlight-dev/"
+    "hyperlight-unikraft/main/install.sh | sh) or set HLUK_PATH"
+)
 # The console carries both streams base64-encoded, with framing; beyond this the guest is
-# misbehaving and is stopped.
-CONSOLE_LIMIT = 2 * (runner.OUTPUT_LIMIT * 4 // 3) + (1 << 20)
+# misbehaving (writing to the console around the runner) and is stopped.
+CONSOLE_LIMIT = 2 * (protocol.OUTPUT_LIMIT * 4 // 3) + (1 << 20)
+READ_SIZE = 64 * 1024
+# Of hluk's stderr, the end is kept: its decisive `error:` line comes last.
 HLUK_STDERR_LIMIT = 64 * 1024
-# Of the console text that is not a frame (driver tracebacks, hluk notes), the end is kept for
-# failure messages.
-NOISE_LIMIT = 4096
-# After the runner's exit frame hluk only has to tear the VM down.
+# Of the console text before the solution starts (hluk's driver, the runner's set-up), the end
+# is kept for failure messages; nothing the console shows after the start is ever used.
+PREAMBLE_LIMIT = 4096
+# Copying the output out after the solution ended has a budget of its own, never run_timeout:
+# this long, and a second more per MiB announced (at most 42 s for two full streams).
+COPY_OUT_SECONDS = 10.0
+COPY_OUT_BYTES_PER_SECOND = 1024 * 1024
+# After the runner's report hluk only has to tear the VM down.
 EXIT_GRACE_SECONDS = 10.0
 # Once hluk has exited, what is left in its pipes is read for this long; a descendant that
 # kept them open (a wrapper that did not exec) is not waited for.
@@ -46,20 +59,62 @@ DRAIN_SECONDS = 1.0
 EXIT_POLL_SECONDS = 0.2
 PR_SET_PDEATHSIG = 1
 VERSION_TIMEOUT_SECONDS = 30.0
+# What hluk reads of its environment (hyperlight-unikraft's source): its cache directory
+# (HLUK_CACHE_DIR, else XDG_CACHE_HOME, else HOME), its documented settings, RUST_LOG with
+# --log-level, and, through its HTTP client and log formatter, the proxy settings and
+# NO_COLOR. Nothing else of the worker's environment (tokens, keys) reaches it.
+HLUK_SETTINGS = ("HLUK_CACHE_DIR", "HLUK_REGISTRY", "HLUK_IMAGE_VERSION", "HLUK_PROFILE")
+PASSED_ENVIRONMENT = (
+    "PATH", "HOME", "XDG_CACHE_HOME", *HLUK_SETTINGS, "RUST_LOG", "NO_COLOR",
+    "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
+    "NO_PROXY", "no_proxy",
+)  # fmt: skip
+# Path-valued: made absolute, as hluk runs in the case directory's parent.
+PATH_VARIABLES = ("HOME", "XDG_CACHE_HOME", "HLUK_CACHE_DIR")
+# An operator's additions: comma-separated names, or prefixes ending in `*`.
+EXTRA_ENVIRONMENT = "VERL_HYPERLIGHT_HLUK_ENV"
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?")
+_GUEST_EXIT = re.compile(r"error: the guest exited with status (-?\d+)")
 
 
 class Ending(enum.Enum):
-    """How a hluk run ended, decided once from what it printed."""
+    """How a hluk run ended, decided once (``_decide``)."""
 
-    NOT_STARTED = "not-started"  # no start frame: nothing of the solution ran
-    FINISHED = "finished"  # the runner's exit frame: the solution's own ending
-    TIMED_OUT = "timed-out"  # the solution ran past run_timeout and was killed
+    # The solution's own endings, answered as Sandbox Fusion answers them.
+    FINISHED = "finished"  # the runner reported the end and copied the whole output out
+    TIMED_OUT = "timed-out"  # the solution ran past run_timeout and was stopped
     DEADLOCKED = "deadlocked"  # hluk found every guest thread blocked forever
-    GUEST_DIED = "guest-died"  # the guest process ended outside the runner (e.g. OOM-killed)
-    CONSOLE_LIMIT = "console-limit"  # the console passed CONSOLE_LIMIT and the run was stopped
-    HLUK_FAILED = "hluk-failed"  # hluk itself failed after the solution started
+    GUEST_DIED = "guest-died"  # the guest process ended outside the runner (its OOM killer)
+    CONSOLE_LIMIT = "console-limit"  # the console passed CONSOLE_LIMIT and was stopped
+    BROKEN = "broken"  # hluk ended with the call's own status and no report: the solution
+    # broke the runner (replaced or closed what it reports with)
+    # Failures of the backend, answered as SandboxError; retried once when nothing of the
+    # solution ran.
+    NOT_STARTED = "not-started"  # hluk exited before the solution started
+    STARTUP_TIMEOUT = "startup-timeout"  # the solution did not start within its deadline
+    HLUK_FAILED = "hluk-failed"  # hluk's own error (an `error:` line, a panic) after the start
+    KILLED = "killed"  # hluk was killed by a signal this package did not send
+    COPY_OUT_TIMEOUT = "copy-out-timeout"  # the output was not copied out within its budget
+
+    @property
+    def is_the_solutions(self) -> bool:
+        """Whether the solution's own doing ended the run (else the backend failed)."""
+        return self in _SOLUTION_ENDINGS
+
+
+_SOLUTION_ENDINGS = frozenset(
+    [
+        Ending.FINISHED,
+        Ending.TIMED_OUT,
+        Ending.DEADLOCKED,
+        Ending.GUEST_DIED,
+        Ending.CONSOLE_LIMIT,
+        Ending.BROKEN,
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -67,59 +122,97 @@ class RawOutcome:
     """What one hluk run produced, before it is shaped into a response."""
 
     ending: Ending
-    status: int | None  # the solution's exit status, from the runner's exit frame
-    elapsed: float | None  # the solution's wall time, as measured in the guest
-    stdout: bytes
-    stderr: bytes
-    limit_hit: str | None  # the stream that exceeded the output limit, if one did
-    hluk_status: int | None
-    hluk_stderr: str
-    console: bytes  # console text that was not a frame (driver tracebacks, hluk notes)
-    host_elapsed: float  # wall time since the start frame, or since spawn if none came
+    started: bool  # the runner's start frame came: the solution ran
+    end: protocol.End | None  # the runner's report of the solution's end
+    stdout: memoryview  # the output copied out (whole when FINISHED)
+    stderr: memoryview
+    hluk_status: int | None  # hluk's exit status (-N: killed by signal N); None if stopped
+    hluk_error: str  # hluk's final `error:` line, or its panic, else ""
+    hluk_stderr: str  # the end of hluk's stderr, as hluk wrote it
+    preamble: bytes  # the end of the console text before the start: the driver's, never the
+    # solution's
+    restored: bool | None  # hluk's `restored=` log line, when run with --log-level info
+    host_elapsed: float  # from the start frame (or the spawn) to the end frame or the stop
+    limit: float  # the seconds of the deadline the run was held to last
+
+    @property
+    def guest_status(self) -> int | None:
+        """The status of `the guest exited with status N`, when hluk said that."""
+        match = _GUEST_EXIT.search(self.hluk_error)
+        return int(match.group(1)) if match else None
 
 
 def hluk_path() -> str:
-    """The hluk to run: HLUK_PATH, else the one on PATH."""
+    """The hluk to run: HLUK_PATH, else the one on PATH (absolute either way)."""
     chosen = os.environ.get("HLUK_PATH")
     if chosen:
-        return chosen
+        return os.path.abspath(chosen)
     found = shutil.which("hluk")
     if found is None:
         raise BackendError(f"hluk was not found on PATH: {INSTALL_HINT}", "hluk-missing")
-    return found
+    return os.path.abspath(found)
 
 
-def run_to_exit(argv: list[str], timeout: float) -> RawOutcome | None:
-    """Run hluk for something other than a case (--version, a warm-up): until it exits, or
-    None if it has not within `timeout`. Its console is in ``console`` (the last 4 KiB)."""
+def environment() -> dict[str, str]:
+    """The environment hluk runs with: what it reads, and what the operator adds."""
+    names = set(PASSED_ENVIRONMENT)
+    prefixes = []
+    for entry in os.environ.get(EXTRA_ENVIRONMENT, "").split(","):
+        entry = entry.strip()
+        if entry.endswith("*"):
+            prefixes.append(entry[:-1])
+        elif entry:
+            names.add(entry)
+    if prefixes:
+        names.update(name for name in os.environ if name.startswith(tuple(prefixes)))
+    passed = {name: os.environ[name] for name in names if name in os.environ}
+    for name in PATH_VARIABLES:
+        if passed.get(name):
+            passed[name] = os.path.abspath(passed[name])
+    return passed
+
+
+def run_to_exit(argv: list[str], timeout: float) -> RawOutcome:
+    """Run hluk for something other than a case (--version): until it exits, or `timeout`
+    (ending STARTUP_TIMEOUT). What it printed on its console is in ``preamble``."""
     # A nonce no output contains: the run is never "started", so `timeout` bounds all of it.
-    outcome = run(argv, secrets.token_hex(16), math.inf, timeout)
-    if outcome.hluk_status is None or outcome.hluk_status < 0:
+    return run(argv, secrets.token_hex(16), math.inf, timeout)
+
+
+def parse_version(text: str) -> tuple[tuple[int, ...], str] | None:
+    """hluk's version in `text`, as a key that orders it (a pre-release sorts before its
+    release, as semantic versioning orders them) and as written."""
+    match = _VERSION.search(text)
+    if match is None:
         return None
-    return outcome
+    release = tuple(int(part) for part in match.groups()[:3])
+    return (*release, 0 if match.group(4) else 1), match.group(0)
 
 
 def check_version(path: str) -> str:
     """Run `hluk --version` and refuse a hluk older than 0.19.0; returns the version."""
     done = run_to_exit([path, "--version"], VERSION_TIMEOUT_SECONDS)
-    if done is None:
+    if done.ending is Ending.STARTUP_TIMEOUT:
         raise BackendError(
             f"hluk at {path} did not answer --version within {VERSION_TIMEOUT_SECONDS:.0f} s",
             "hluk-broken",
         )
-    text = done.console.decode(errors="replace").strip()
-    match = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
-    if done.hluk_status != 0 or match is None:
-        detail = (done.hluk_stderr or text).strip()[:500]
+    if done.ending is Ending.KILLED:
+        raise failure(done, path)
+    text = done.preamble.decode(errors="replace").strip()
+    version = parse_version(text)
+    if done.hluk_status != 0 or version is None:
+        detail = (done.hluk_error or text).strip()[:500]
         raise BackendError(f"hluk at {path} failed on --version: {detail}", "hluk-broken")
-    version = tuple(int(part) for part in match.groups())
-    if version < MINIMUM_VERSION:
+    key, written = version
+    if key < (*MINIMUM_VERSION, 1):
+        kind = "a pre-release" if key[3] == 0 else "version"
         raise BackendError(
-            f"hluk at {path} is version {match.group(0)}; verl-hyperlight needs 0.19.0 or later: "
+            f"hluk at {path} is {kind} {written}; verl-hyperlight needs 0.19.0 or later: "
             "upgrade it by running its installer again",
             "hluk-too-old",
         )
-    return match.group(0)
+    return written
 
 
 def _die_with_parent(parent: int) -> Callable[[], None]:
@@ -150,62 +243,146 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
+class _Output:
+    """One stream's output, as the runner announced its size: written once, where it ends up.
+    Large ones live in a mapping of their own, returned to the system when the case is done
+    rather than kept by the allocator of whichever thread ran the case."""
+
+    MAPPED_FROM = 64 * 1024
+
+    def __init__(self, size: int) -> None:
+        self.buffer: bytearray | mmap.mmap = (
+            mmap.mmap(-1, size) if size >= self.MAPPED_FROM else bytearray(size)
+        )
+        self.size = size
+        self.length = 0
+
+    def add(self, data: bytes) -> None:
+        end = self.length + len(data)
+        if end <= self.size:  # more than announced is not the runner's
+            self.buffer[self.length : end] = data
+            self.length = end
+
+    def view(self) -> memoryview:
+        return memoryview(self.buffer)[: self.length]
+
+
+_NO_OUTPUT = memoryview(b"")
+
+
 class _Console:
-    """The frames in hluk's stdout, found as they arrive."""
+    """The runner's frames in hluk's stdout, found and decoded as they arrive.
+
+    Only what a frame needs is kept: the line of a frame being received (at most a frame's
+    length) and, before the start, the end of the other text; the output goes straight into
+    its stream. So a case holds about its output once, whatever the guest writes."""
 
     def __init__(self, nonce: str) -> None:
-        self.data = bytearray()
-        self.start_mark = f"{nonce} start".encode()
-        self.exit_mark = f"{nonce} exit ".encode()
-        self.nonce = nonce.encode()
+        self.nonce = nonce.encode("ascii")
+        self.marker = b"\n" + self.nonce + b" "
+        self.total = 0
         self.started = False
-        self.exited = False
-        self._scanned = 0
+        self.end: protocol.End | None = None
+        self.done = False
+        self.outputs: dict[str, _Output] = {}
+        self._carry = b""  # unscanned text that may begin a frame
+        self._line: bytearray | None = None  # the frame line being received
+        self._preamble = bytearray()
 
     def feed(self, chunk: bytes) -> None:
-        self.data += chunk
-        # Frames are whole lines; only look at what has not been looked at, with overlap.
-        begin = max(0, self._scanned - len(self.exit_mark))
-        if not self.started and self.data.find(self.start_mark, begin) >= 0:
-            self.started = True
-        if self.started and self.data.find(self.exit_mark, begin) >= 0:
-            self.exited = True
-        self._scanned = len(self.data)
-
-    def parse(self) -> tuple[dict[str, bytearray], list[bytes], bytes]:
-        """The streams, the exit frame's fields and the last NOISE_LIMIT bytes of the text that
-        was not a frame."""
-        # The runner starts every frame on a line of its own, so frames are found by searching
-        # for a newline and the nonce: a guest that floods the console with empty lines then
-        # costs one pass over the buffer, not a Python object per line (seconds and hundreds
-        # of MiB per case when the console was split into lines).
-        streams = {"stdout": bytearray(), "stderr": bytearray()}
-        exit_fields: list[bytes] = []
-        noise = bytearray()
-        data = self.data
-        marker = b"\n" + self.nonce + b" "
+        self.total += len(chunk)
+        data = self._carry + chunk if self._carry else chunk
+        self._carry = b""
         position = 0
         while position < len(data):
-            found = data.find(marker, position)
-            text_end = len(data) if found < 0 else found
-            noise += data[max(position, text_end - NOISE_LIMIT) : text_end]
-            del noise[:-NOISE_LIMIT]
+            if self._line is not None:
+                newline = data.find(b"\n", position)
+                self._line += data[position : len(data) if newline < 0 else newline]
+                if len(self._line) > protocol.MAX_FRAME_LINE:
+                    self._line = None  # too long for a frame: not the runner's
+                elif newline >= 0:
+                    self._frame(bytes(self._line).removesuffix(b"\r").split(b" "))
+                    self._line = None
+                if newline < 0:
+                    return
+                position = newline  # the newline may begin the next frame
+                continue
+            found = data.find(self.marker, position)
             if found < 0:
-                break
-            line_end = data.find(b"\n", found + len(marker))
-            if line_end < 0:
-                line_end = len(data)
-            fields = bytes(data[found + len(marker) : line_end]).removesuffix(b"\r").split(b" ")
-            position = line_end
-            kind = fields[0].decode("ascii", "replace")
-            if kind in streams and len(fields) == 2:
-                try:
-                    streams[kind] += base64.b64decode(fields[1], validate=True)
-                except ValueError:
-                    continue  # not the runner's: a solution that forged a frame gets nothing
-            elif kind == "exit":
-                exit_fields = fields[1:]
-        return streams, exit_fields, bytes(noise).replace(b"\r\n", b"\n")
+                # The marker may straddle this read and the next.
+                keep = max(position, len(data) - len(self.marker) + 1)
+                self._text(data[position:keep])
+                self._carry = data[keep:]
+                return
+            self._text(data[position:found])
+            self._line = bytearray()
+            position = found + len(self.marker)
+
+    def _text(self, text: bytes) -> None:
+        if not self.started and text:
+            self._preamble += text
+            del self._preamble[:-PREAMBLE_LIMIT]
+
+    def _frame(self, fields: list[bytes]) -> None:
+        kind, rest = fields[0], fields[1:]
+        if kind == protocol.START:
+            self.started = True
+        elif not self.started or self.done:
+            return
+        elif kind == protocol.END and self.end is None:
+            try:
+                self.end = protocol.parse_end(rest)
+            except ValueError:
+                return  # not the runner's: a frame a solution forged
+            for name, size in zip(("stdout", "stderr"), self.end.sizes, strict=True):
+                self.outputs[name] = _Output(size)
+        elif kind in protocol.STREAMS and self.end is not None and len(rest) == 1:
+            try:
+                data = base64.b64decode(rest[0], validate=True)
+            except ValueError:
+                return
+            self.outputs[protocol.STREAMS[kind]].add(data)
+        elif kind == protocol.DONE and self.end is not None:
+            self.done = True
+
+    def stream(self, name: str) -> memoryview:
+        output = self.outputs.get(name)
+        return _NO_OUTPUT if output is None else output.view()
+
+    def preamble(self) -> bytes:
+        """The end of the text before the start, once hluk's stdout has ended."""
+        self._text(self._carry)
+        self._carry = b""
+        return bytes(self._preamble).replace(b"\r\n", b"\n")
+
+
+class _Tail:
+    """The last `limit` bytes written to a pipe."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > 2 * self.limit:
+            del self.data[: -self.limit]
+
+    def text(self) -> str:
+        return _ANSI.sub("", bytes(self.data[-self.limit :]).decode(errors="replace"))
+
+
+def final_error(stderr: str) -> str:
+    """hluk's decisive message: its last `error:` line (hluk writes it last), else a panic."""
+    if stderr.startswith("error: "):
+        return stderr.strip()
+    index = stderr.rfind("\nerror: ")
+    if index >= 0:
+        return stderr[index + 1 :].strip()
+    index = stderr.find("panicked at")
+    if index >= 0:
+        return stderr[stderr.rfind("\n", 0, index) + 1 :].strip()[:1000]
+    return ""
 
 
 @functools.lru_cache(maxsize=1)
@@ -221,7 +398,7 @@ def _setpriv() -> str | None:
     return path if b"--pdeathsig" in done.stdout else None
 
 
-def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], cwd: str | None) -> subprocess.Popen[bytes]:
     """Start hluk in a process group of its own, to get SIGKILL when this process dies.
 
     Through setpriv where there is one: Python then spawns with vfork, whose cost does not
@@ -237,36 +414,50 @@ def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
             "hluk-not-executable",
         )
     setpriv = _setpriv()
-    pipes: dict[str, Any] = {
+    options: dict[str, Any] = {
         "stdin": subprocess.DEVNULL,
         "stdout": subprocess.PIPE,
         "stderr": subprocess.PIPE,
         "close_fds": True,
+        "cwd": cwd,
+        "env": environment(),
     }
     try:
         if setpriv is not None:
             command = [setpriv, "--pdeathsig", "KILL", "--", *argv]
-            return subprocess.Popen(command, start_new_session=True, **pipes)
+            return subprocess.Popen(command, start_new_session=True, **options)
         return subprocess.Popen(
             argv,
             preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - no setpriv: no other way
-            **pipes,
+            **options,
         )
     except OSError as exc:
         raise BackendError(f"hluk at {path} could not start: {exc}", "hluk-broken") from None
 
 
-def run(argv: list[str], nonce: str, run_timeout: float, startup_timeout: float) -> RawOutcome:
-    """Run hluk with `argv` until the runner reports the case done, the solution exceeds
-    `run_timeout` (counted from its start in the guest), or nothing starts within
-    `startup_timeout`."""
-    proc = _spawn(argv)
+def _copy_out_budget(end: protocol.End) -> float:
+    return COPY_OUT_SECONDS + sum(end.sizes) / COPY_OUT_BYTES_PER_SECOND
+
+
+def run(
+    argv: list[str],
+    nonce: str,
+    run_timeout: float,
+    startup_timeout: float,
+    cwd: str | None = None,
+) -> RawOutcome:
+    """Run hluk with `argv` (in `cwd`) until the runner reports the case done, the solution
+    exceeds `run_timeout` (counted from its start in the guest to its end, never the copy-out),
+    or nothing starts within `startup_timeout`."""
+    proc = _spawn(argv, cwd)
     spawned = time.monotonic()
     console = _Console(nonce)
-    stderr = bytearray()
-    timed_out = False
+    stderr = _Tail(HLUK_STDERR_LIMIT)
+    stopped: Ending | None = None
     hluk_exited = False
     started_at: float | None = None
+    ended_at: float | None = None
+    limit = startup_timeout
     deadline = spawned + startup_timeout
     assert proc.stdout is not None and proc.stderr is not None
     with proc, selectors.DefaultSelector() as selector:
@@ -279,7 +470,14 @@ def run(argv: list[str], nonce: str, run_timeout: float, startup_timeout: float)
             while len(selector.get_map()) > (0 if hluk_exited or exit_fd is None else 1):
                 now = time.monotonic()
                 if now >= deadline:
-                    timed_out = console.started and not console.exited and not hluk_exited
+                    if not (hluk_exited or console.done):
+                        stopped = (
+                            Ending.STARTUP_TIMEOUT
+                            if started_at is None
+                            else Ending.TIMED_OUT
+                            if ended_at is None
+                            else Ending.COPY_OUT_TIMEOUT
+                        )
                     break
                 wait = (
                     deadline - now
@@ -291,23 +489,29 @@ def run(argv: list[str], nonce: str, run_timeout: float, startup_timeout: float)
                         selector.unregister(exit_fd)
                         hluk_exited = True
                         continue
-                    chunk = os.read(key.fd, 1 << 20)
+                    chunk = os.read(key.fd, READ_SIZE)
                     if not chunk:
                         selector.unregister(key.fileobj)
                     elif key.fileobj is proc.stdout:
                         console.feed(chunk)
-                    elif len(stderr) < HLUK_STDERR_LIMIT:
-                        stderr += chunk[: HLUK_STDERR_LIMIT - len(stderr)]
+                    else:
+                        stderr.add(chunk)
+                now = time.monotonic()
                 if started_at is None and console.started:
-                    started_at = time.monotonic()
+                    started_at, limit = now, run_timeout
                     deadline = started_at + run_timeout
-                if console.exited:
-                    deadline = min(deadline, time.monotonic() + EXIT_GRACE_SECONDS)
+                if ended_at is None and console.end is not None:
+                    # The solution has ended: its clock stops, the copy-out has its own.
+                    ended_at, limit = now, _copy_out_budget(console.end)
+                    deadline = now + limit
+                if console.done:
+                    deadline = min(deadline, now + EXIT_GRACE_SECONDS)
                 if exit_fd is None and not hluk_exited and proc.poll() is not None:
                     hluk_exited = True
                 if hluk_exited:
-                    deadline = min(deadline, time.monotonic() + DRAIN_SECONDS)
-                if len(console.data) > CONSOLE_LIMIT:
+                    deadline = min(deadline, now + DRAIN_SECONDS)
+                if console.total > CONSOLE_LIMIT and not console.done:
+                    stopped = Ending.CONSOLE_LIMIT
                     break
         finally:
             # Whatever ended the loop, nothing of this group outlives the call.
@@ -315,54 +519,98 @@ def run(argv: list[str], nonce: str, run_timeout: float, startup_timeout: float)
             proc.wait()
             if exit_fd is not None:
                 os.close(exit_fd)
-    host_elapsed = time.monotonic() - (started_at if started_at is not None else spawned)
-    streams, exit_fields, noise = console.parse()
-    status: int | None = None
-    elapsed: float | None = None
-    limit_hit: str | None = None
-    try:
-        status, elapsed = int(exit_fields[0]), float(exit_fields[1])
-        limit_hit = None if exit_fields[2] == b"-" else exit_fields[2].decode()
-    except (IndexError, ValueError):
-        status = elapsed = None  # no exit frame: the guest died or never finished
-    hluk_stderr = stderr.decode(errors="replace")
-    if not console.started:
-        ending = Ending.NOT_STARTED
-    elif status is not None:
-        ending = Ending.FINISHED
-    elif timed_out:
-        ending = Ending.TIMED_OUT
-    elif len(console.data) > CONSOLE_LIMIT:
-        ending = Ending.CONSOLE_LIMIT
-    elif "error: the guest exited with status" in hluk_stderr:
-        ending = Ending.GUEST_DIED
-    elif "deadlocked" in hluk_stderr:
-        ending = Ending.DEADLOCKED
-    else:
-        ending = Ending.HLUK_FAILED
+    finished = ended_at if ended_at is not None else time.monotonic()
+    hluk_stderr = stderr.text()
+    hluk_error = final_error(hluk_stderr)
+    hluk_status = None if stopped is not None else proc.returncode
+    restored = re.findall(r"\brestored=(true|false)\b", hluk_stderr)
     return RawOutcome(
-        ending=ending,
-        status=status,
-        elapsed=elapsed,
-        stdout=bytes(streams["stdout"]),
-        stderr=bytes(streams["stderr"]),
-        limit_hit=limit_hit,
-        hluk_status=proc.returncode if not timed_out else None,
+        ending=_decide(console, stopped, hluk_status, hluk_error),
+        started=console.started,
+        end=console.end,
+        stdout=console.stream("stdout"),
+        stderr=console.stream("stderr"),
+        hluk_status=hluk_status,
+        hluk_error=hluk_error,
         hluk_stderr=hluk_stderr,
-        console=noise,
-        host_elapsed=host_elapsed,
+        preamble=console.preamble(),
+        restored=restored[-1] == "true" if restored else None,
+        host_elapsed=finished - (started_at if started_at is not None else spawned),
+        limit=limit,
     )
 
 
-def failure_from(outcome: RawOutcome, path: str) -> BackendError:
-    """The backend failure an unsuccessful case run stands for."""
-    console = outcome.console.decode(errors="replace")
-    return classify(outcome.hluk_stderr, outcome.hluk_status, path, console)
+def _decide(
+    console: _Console, stopped: Ending | None, hluk_status: int | None, error: str
+) -> Ending:
+    """How the run ended: the one place that decides it."""
+    if console.done:
+        return Ending.FINISHED  # the runner's whole report, whatever hluk did after it
+    if stopped is Ending.CONSOLE_LIMIT and not console.started:
+        return Ending.NOT_STARTED  # a flood before the start is hluk's or its driver's
+    if stopped is not None:
+        return stopped
+    if hluk_status is not None and hluk_status < 0:
+        return Ending.KILLED
+    if not console.started:
+        return Ending.NOT_STARTED
+    # After the start only hluk's own stderr decides, never the console the solution wrote.
+    if _GUEST_EXIT.match(error):
+        return Ending.GUEST_DIED
+    if error.startswith("error: the guest is deadlocked"):
+        return Ending.DEADLOCKED
+    if error:
+        return Ending.HLUK_FAILED
+    # hluk exits silently with the status of a failed call: the runner's call failed after
+    # the solution started, which only the solution can have caused.
+    return Ending.BROKEN
 
 
-def classify(stderr: str, status: int | None, path: str, console: str = "") -> BackendError:
-    """The backend failure hluk's messages describe, with what an operator can do about it."""
-    message = stderr.strip() or console.strip()
+def failure(outcome: RawOutcome, path: str) -> BackendError:
+    """The backend failure a run that did not end by the solution's doing stands for."""
+    where = "while the solution ran" if outcome.started else "before the solution started"
+    if outcome.ending is Ending.STARTUP_TIMEOUT:
+        return BackendError(
+            f"the micro-VM did not start within {outcome.limit:.0f} s "
+            "(VERL_HYPERLIGHT_STARTUP_TIMEOUT); the node may be overloaded: lower "
+            "max_concurrent or reward.num_workers",
+            "startup-timeout",
+            persistent=False,
+        )
+    if outcome.ending is Ending.KILLED:
+        assert outcome.hluk_status is not None
+        number = -outcome.hluk_status
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return BackendError(
+            f"hluk at {path} was killed by {name} ({number}) {where}: a SIGBUS or SIGSEGV "
+            "often means a truncated or corrupt warm snapshot (run `hluk cache clean "
+            "--snapshots`, then `verl-hyperlight warm-up`); a SIGKILL, the kernel's OOM killer "
+            "(check `dmesg`; lower max_concurrent or memory_limit_mb)",
+            f"killed-{name}",
+            persistent=False,
+        )
+    if outcome.ending is Ending.COPY_OUT_TIMEOUT:
+        assert outcome.end is not None
+        return BackendError(
+            f"the micro-VM did not copy the solution's output ({sum(outcome.end.sizes)} bytes) "
+            f"out within {outcome.limit:.0f} s after it ended; the node may be overloaded: "
+            "lower max_concurrent or reward.num_workers",
+            "copy-out-timeout",
+            persistent=False,
+        )
+    # hluk's own message decides; before the start, what its driver printed may say more.
+    message = outcome.hluk_error
+    if not message and not outcome.started:
+        message = outcome.preamble.decode(errors="replace")
+    return classify(message, outcome.hluk_status, path, persistent=not outcome.started)
+
+
+def classify(message: str, status: int | None, path: str, persistent: bool) -> BackendError:
+    """The backend failure hluk's message describes, with what an operator can do about it."""
+    message = message.strip()
     lowered = message.lower()
     if "kvm" in lowered:
         return BackendError(
@@ -395,4 +643,5 @@ def classify(stderr: str, status: int | None, path: str, console: str = "") -> B
         "`verl-hyperlight warm-up` succeeds on this node, upgrade hluk if it keeps failing, and "
         "report the message to hyperlight-unikraft",
         "hluk-failed",
+        persistent=persistent,
     )

@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from ._hluk import Ending, RawOutcome
-from .guest.runner import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
+from .guest.protocol import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
 
 Response = dict[str, Any]
 
 
-def _decode(data: bytes) -> str:
-    # As Sandbox Fusion decodes a stream: UTF-8, else a "[DecodeError]" text.
+def _decode(data: memoryview) -> str:
+    # As Sandbox Fusion decodes a stream: UTF-8, else a "[DecodeError]" text. Decoded straight
+    # from where the output was received: the text is the only copy made.
     try:
-        return data.decode()
+        return str(data, "utf-8")
     except UnicodeDecodeError as exc:
         return f"[DecodeError] {exc}"
 
@@ -35,50 +36,56 @@ def sandbox_error(message: str) -> Response:
 
 
 def from_outcome(outcome: RawOutcome, run_timeout: float) -> Response:
-    """The response for a run whose solution started and ended by its own doing."""
-    if outcome.ending in (Ending.TIMED_OUT, Ending.DEADLOCKED):
+    """The response for a run that the solution's own doing ended."""
+    ending = outcome.ending
+    if ending in (Ending.TIMED_OUT, Ending.DEADLOCKED):
         # A guest whose every thread blocks forever would run to its timeout under Sandbox
         # Fusion; hluk says so at once, and it is answered as that timeout.
-        deadlocked = outcome.ending is Ending.DEADLOCKED
         run = {
             "status": "TimeLimitExceeded",
             "execution_time": max(outcome.host_elapsed, run_timeout),
             "return_code": None,
             "stdout": "",
-            "stderr": outcome.hluk_stderr if deadlocked else "",
+            "stderr": outcome.hluk_error + "\n" if ending is Ending.DEADLOCKED else "",
         }
         return _response("Failed", "", run)
-    if outcome.ending is Ending.FINISHED:
-        assert outcome.status is not None
-        status, stderr = outcome.status, outcome.stderr
-        elapsed = outcome.elapsed if outcome.elapsed is not None else outcome.host_elapsed
-        if outcome.limit_hit:
-            note = (
-                f"\nverl-hyperlight: the solution's {outcome.limit_hit} exceeded "
+    stdout = _decode(outcome.stdout)
+    stderr = _decode(outcome.stderr)
+    elapsed = outcome.host_elapsed
+    if ending is Ending.FINISHED:
+        assert outcome.end is not None
+        status, elapsed = outcome.end.status, outcome.end.elapsed
+        if outcome.end.limit_hit:
+            stderr += (
+                f"\nverl-hyperlight: the solution's {outcome.end.limit_hit} exceeded "
                 f"{OUTPUT_LIMIT // (1024 * 1024)} MiB; it was stopped\n"
             )
-            stderr += note.encode()
-    elif outcome.ending is Ending.CONSOLE_LIMIT:
+    elif ending is Ending.CONSOLE_LIMIT:
         # The solution wrote past the console's limit around the runner (to the console's
-        # descriptor itself) and was killed: stopped for its output as one that prints too
-        # much is, not answered with the status of the SIGKILL that stopped it.
+        # descriptor itself) and was stopped, as one that prints too much is.
         status = OUTPUT_LIMIT_STATUS
-        stderr = outcome.hluk_stderr.encode()
-        stderr += b"verl-hyperlight: the solution's console output exceeded its limit; "
-        stderr += b"it was stopped\n"
-        elapsed = outcome.host_elapsed
+        stderr = (
+            "verl-hyperlight: the solution's console output exceeded its limit; it was stopped\n"
+        )
+    elif ending is Ending.GUEST_DIED:
+        # The guest process ended outside the runner (killed by the guest kernel): hluk's
+        # message is all that is left. Its output is lost, so it never counts as a success.
+        status = outcome.guest_status or 1
+        stdout, stderr = "", outcome.hluk_error + "\n"
     else:
-        # The guest process died outside the runner (killed by the guest kernel): hluk's
-        # message is all that is left.
-        assert outcome.ending is Ending.GUEST_DIED, outcome.ending
+        assert ending is Ending.BROKEN, ending
+        # hluk ended with the status of the runner's failed call: the solution broke what the
+        # runner reports with. Whatever of its output came is kept; it is its failure.
         status = outcome.hluk_status if outcome.hluk_status else 1
-        stderr = outcome.hluk_stderr.encode()
-        elapsed = outcome.host_elapsed
+        stderr += (
+            f"\nverl-hyperlight: the run ended without the runner's report (status {status}): "
+            "the solution broke the runner (closed or replaced what it reports with)\n"
+        )
     run = {
         "status": "Finished",
         "execution_time": elapsed,
         "return_code": status,
-        "stdout": _decode(outcome.stdout),
-        "stderr": _decode(stderr),
+        "stdout": stdout,
+        "stderr": stderr,
     }
     return _response("Failed" if status != 0 else "Success", "", run)

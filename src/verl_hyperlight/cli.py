@@ -36,11 +36,27 @@ def _parser() -> argparse.ArgumentParser:
         description="Run SOLUTION (a Python file) with this command's standard input as its "
         "input, and print the response verl would receive, as JSON.",
     )
-    run.add_argument("solution", type=argparse.FileType("r", encoding="utf-8"))
+    # Bytes: the solution and its input reach the guest as written (\r\n stays \r\n).
+    run.add_argument("solution", type=argparse.FileType("rb"))
     run.add_argument("--url", default="hyperlight://", help="sandbox URL")
     run.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds")
     run.add_argument("--memory-limit-mb", type=int, default=1024)
     return parser
+
+
+def _text(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{name} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _how(warmth: _warmup.Warmth | None) -> str:
+    if warmth is None or warmth.restored is None:
+        return ""
+    if warmth.restored:
+        return f" (its warm snapshot restored in {warmth.seconds * 1000:.0f} ms)"
+    return f" (pulled and snapshotted in {warmth.seconds:.1f} s)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,17 +66,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "warm-up":
         try:
             guest = guest_for(args.url, args.memory_limit_mb)
-            _warmup.ensure_ready(_hluk.hluk_path(), guest)
+            warmth = _warmup.ensure_ready(_hluk.hluk_path(), guest)
         except (InvalidRequest, BackendError) as exc:
             print(f"verl-hyperlight: {exc}", file=sys.stderr)
             return 1
-        print(f"{guest.image.label} is warm on this node")
+        print(f"{guest.image.label} is warm on this node{_how(warmth)}")
         return 0
     if args.command == "run":
-        code = args.solution.read()
-        response, error = run_code(
-            args.url, code, sys.stdin.read(), 10, args.timeout, args.memory_limit_mb
-        )
+        try:
+            code = _text(args.solution.read(), args.solution.name)
+            stdin = _text(sys.stdin.buffer.read(), "standard input")
+        except ValueError as exc:
+            print(f"verl-hyperlight: {exc}", file=sys.stderr)
+            return 1
+        response, error = run_code(args.url, code, stdin, 10, args.timeout, args.memory_limit_mb)
         if error is not None:
             print(f"verl-hyperlight: {error}", file=sys.stderr)
             return 1

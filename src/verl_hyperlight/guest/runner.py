@@ -12,19 +12,22 @@ joins threads nor runs atexit handlers. This module closes each of those gaps fo
 * the runner's own frames stay out of sight: out of tracebacks, and out of the recursion
   depth, so a solution reaches exactly the depth it reaches under ``python solution.py``;
 * at its end it runs CPython's exit sequence (thread exit hooks and joins, atexit, flush with
-  status 120 on failure, teardown of ``__main__``) and only then copies the output out, framed
-  with a per-case nonce the host chose, so no text the solution prints can pass for a frame.
+  status 120 on failure, teardown of ``__main__``), then reports the end (which stops the
+  host's clock) and copies the output out, in the frames of ``protocol``, marked with a
+  per-case nonce the host chose, so no text the solution prints can pass for a frame; the
+  report is made once, by whichever thread ends the solution first, and an output file past
+  OUTPUT_LIMIT, however it got there, ends the solution with OUTPUT_LIMIT_STATUS.
 
-It is sent to the guest as the text of hluk's ``--warm-exec`` (see ``warm_exec_code``), so its
-import and the imports it prepares are part of the warm snapshot. It uses only the standard
-library and must run on the guest's CPython.
+It is sent to the guest, with ``protocol``, as the text of hluk's ``--warm-exec`` (see
+``warm_exec_code``), so its import and the imports it prepares are part of the warm snapshot.
+It uses only the standard library and must run on the guest's CPython.
 """
 
 from __future__ import annotations
 
 import _thread
 import atexit
-import base64
+import binascii
 import builtins
 import gc
 import importlib
@@ -39,31 +42,39 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from . import protocol
+
 # Frames of this module are left out of the solution's tracebacks under this file name.
 RUNNER_FILENAME = "<verl-hyperlight runner>"
-MODULE_NAME = "_verl_hyperlight_runner"
+PACKAGE_NAME = "_verl_hyperlight_guest"
+MODULE_NAME = PACKAGE_NAME + ".runner"
 WORK_DIR = "/tmp/solution"
 OUTPUT_DIR = "/tmp/.verl-hyperlight-output"
-OUTPUT_LIMIT = 16 * 1024 * 1024
-# The status of a solution stopped for printing more than OUTPUT_LIMIT: 128 + SIGXFSZ, what a
-# process gets when it exceeds its file-size limit.
-OUTPUT_LIMIT_STATUS = 153
+OUTPUT_PATHS = {"stdout": OUTPUT_DIR + "/stdout", "stderr": OUTPUT_DIR + "/stderr"}
 # CPython's status when flushing stdout at exit fails.
 FLUSH_FAILED_STATUS = 120
+# The status the guest ends with when the runner cannot report the case (the solution broke
+# what it reports with): the host answers it as the solution's failure.
+REPORT_FAILED_STATUS = 1
 # CPython sizes the buffers of its standard streams by the descriptor's st_blksize: a page for
 # the pipes Sandbox Fusion gives it.
 PIPE_BUFFER_SIZE = 4096
-CHUNK = 1 << 20
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
 
-# The real functions, taken before any solution can replace them.
+# The real functions, taken before any solution can replace them: the report at the end of a
+# case uses nothing a solution reaches through a module.
 _os_write = os.write
 _os_exit = os._exit
 _os_dup = os.dup
 _os_open = os.open
+_os_close = os.close
+_os_fstat = os.fstat
+_os_pread = os.pread
+_b2a_base64 = binascii.b2a_base64
 _builtin_open = builtins.open
 _monotonic = time.monotonic
+_allocate_lock = _thread.allocate_lock
 _setrecursionlimit = sys.setrecursionlimit
 _getrecursionlimit = sys.getrecursionlimit
 _start_new_thread = _thread.start_new_thread
@@ -112,8 +123,14 @@ class _Case:
         self.nonce = nonce.encode("ascii")
         self.console = console
         self.started = 0.0
-        self.finished = False
-        self.limit_hit: str | None = None
+        # The output files, as the runner opened them: what the solution wrote through any
+        # descriptor, by any process, whatever it did to their paths.
+        self.outputs: dict[str, int] = {}
+        self.output_ids: dict[tuple[int, int], str] = {}
+        # Held by the one thread that reports the case, and never released: a thread that ends
+        # the solution after that (os._exit in a daemon thread while the main thread copies the
+        # output out) waits here until the micro-VM is gone.
+        self.reporting = _allocate_lock()
         # Python frames beneath the solution's module frame; under `python solution.py` there
         # are none, so the recursion limit is raised by this many and threads start this deep.
         self.frames_below = 0
@@ -122,31 +139,40 @@ class _Case:
         # The functions the runner replaced for the solution, with their originals.
         self.replaced: list[tuple[object, str, object]] = []
 
-    def frame(self, *fields: bytes) -> None:
-        line = b"\n" + self.nonce + b" " + b" ".join(fields) + b"\n"
-        view = memoryview(line)
+    def frame(self, kind: bytes, *fields: bytes) -> None:
+        view = memoryview(protocol.frame(self.nonce, kind, *fields))
         while view:
             view = view[_os_write(self.console, view) :]
 
-    def emit_output(self) -> None:
-        for name in ("stdout", "stderr"):
-            with _builtin_open(os.path.join(OUTPUT_DIR, name), "rb") as f:
-                data = f.read(OUTPUT_LIMIT + 1)
-            if len(data) > OUTPUT_LIMIT:
-                data = data[:OUTPUT_LIMIT]
-                self.limit_hit = self.limit_hit or name
-            for start in range(0, len(data), CHUNK):
-                self.frame(name.encode(), base64.b64encode(data[start : start + CHUNK]))
+    def output_size(self, name: str) -> int:
+        return _os_fstat(self.outputs[name]).st_size
 
-    def finish(self, status: int) -> None:
-        """Copy the output out and report the status; a second call does nothing."""
-        if self.finished:
-            return
-        self.finished = True
+    def finish(self, status: int, limit_hit: str | None = None) -> None:
+        """Report the solution's end, then copy its output out; only the first call reports,
+        any later one waits for the micro-VM to end."""
+        self.reporting.acquire()
         elapsed = _monotonic() - self.started
-        self.emit_output()
-        limit = (self.limit_hit or "-").encode()
-        self.frame(b"exit", b"%d" % status, b"%.6f" % elapsed, limit)
+        try:
+            sizes = {name: self.output_size(name) for name in OUTPUT_PATHS}
+            if limit_hit is None:
+                limit_hit = next(
+                    (name for name, size in sizes.items() if size > protocol.OUTPUT_LIMIT), None
+                )
+            if limit_hit is not None:
+                status = protocol.OUTPUT_LIMIT_STATUS
+            kept = [min(sizes[name], protocol.OUTPUT_LIMIT) for name in OUTPUT_PATHS]
+            end = protocol.End(status, elapsed, limit_hit, (kept[0], kept[1]))
+            self.frame(protocol.END, *protocol.end_fields(end))
+            for (name, fd), size in zip(self.outputs.items(), kept, strict=True):
+                kind = name.encode("ascii")
+                for offset in range(0, size, protocol.CHUNK):
+                    chunk = _os_pread(fd, min(protocol.CHUNK, size - offset), offset)
+                    self.frame(kind, _b2a_base64(chunk, newline=False))
+            self.frame(protocol.DONE)
+        except BaseException:
+            # The solution broke what the report needs (closed the console or the output
+            # files): the guest ends here, and the host answers the run as its failure.
+            _os_exit(REPORT_FAILED_STATUS)
 
 
 _case: _Case | None = None
@@ -183,28 +209,42 @@ class _CappedFile(io.FileIO):
     """The solution's stdout or stderr: a file in guest memory that stops the solution when it
     has received more than OUTPUT_LIMIT bytes, instead of letting it run on to its timeout."""
 
-    written = 0
     stream = "stdout"
 
     def write(self, data: bytes) -> int:  # type: ignore[override]
         with _hidden:
-            room = OUTPUT_LIMIT - self.written
+            assert _case is not None
+            # The file's size, not this object's count: the solution (and its children) may
+            # also write to it through other descriptors.
+            room = protocol.OUTPUT_LIMIT - _case.output_size(self.stream)
             if len(data) > room:
                 if room > 0:
                     super().write(bytes(data)[:room])
-                self.written = OUTPUT_LIMIT
                 _stop_for_output_limit(self.stream)
                 return max(room, 0)
-            count = super().write(data) or 0
-            self.written += count
-            return count
+            return super().write(data) or 0
 
 
 def _stop_for_output_limit(stream: str) -> None:
     assert _case is not None
-    _case.limit_hit = stream
-    _case.finish(OUTPUT_LIMIT_STATUS)
+    _case.finish(0, stream)
     _os_exit(0)
+
+
+def _write(fd: int, data: object) -> int:
+    """os.write for the solution: a write that takes an output file past OUTPUT_LIMIT stops the
+    solution, as one through its streams does."""
+    with _hidden:
+        count = _os_write(fd, data)  # type: ignore[arg-type]
+    assert _case is not None
+    try:
+        stat = _os_fstat(fd)
+    except OSError:
+        return count
+    stream = _case.output_ids.get((stat.st_dev, stat.st_ino))
+    if stream is not None and stat.st_size > protocol.OUTPUT_LIMIT:
+        _stop_for_output_limit(stream)
+    return count
 
 
 def _std_fd(path: object) -> int | None:
@@ -500,17 +540,20 @@ def _std_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper
     return streams[0], streams[1], streams[2]
 
 
-def _redirect_descriptors(case_dir: str) -> None:
+def _redirect_descriptors(case: _Case, case_dir: str) -> None:
+    """stdin from the case's input file, stdout and stderr to files in guest memory, which the
+    runner also opens for itself to copy them out from."""
     os.makedirs(OUTPUT_DIR, exist_ok=True)
-    targets = [
-        (0, os.path.join(case_dir, "stdin"), os.O_RDONLY),
-        (1, os.path.join(OUTPUT_DIR, "stdout"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-        (2, os.path.join(OUTPUT_DIR, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-    ]
-    for fd, path, flags in targets:
-        opened = _os_open(path, flags, 0o644)
+    opened = _os_open(os.path.join(case_dir, "stdin"), os.O_RDONLY)
+    os.dup2(opened, 0)
+    _os_close(opened)
+    for fd, (name, path) in enumerate(OUTPUT_PATHS.items(), start=1):
+        opened = _os_open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(opened, fd)
-        os.close(opened)
+        _os_close(opened)
+        case.outputs[name] = _os_open(path, os.O_RDONLY)
+        stat = _os_fstat(case.outputs[name])
+        case.output_ids[(stat.st_dev, stat.st_ino)] = name
 
 
 def _reseed() -> None:
@@ -549,6 +592,7 @@ def _patch(case: _Case) -> None:
     replace(io, "open", _open)
     replace(os, "open", _os_open_std)
     replace(os, "_exit", _exit_now)
+    replace(os, "write", _write)
     replace(sys, "setrecursionlimit", _set_recursion_limit)
     replace(sys, "getrecursionlimit", _get_recursion_limit)
     if hasattr(threading, "_start_new_thread"):
@@ -582,7 +626,7 @@ def _run(case: _Case, source: bytes, path: str) -> int:
     # The solution's module frame sits on this one.
     case.frames_below = _frame_depth(sys._getframe())
     _patch(case)
-    case.frame(b"start")
+    case.frame(protocol.START)
     case.started = _monotonic()
     failures: list[BaseException] = []
     try:
@@ -619,7 +663,7 @@ def main(case_dir: str, nonce: str) -> None:
         source = f.read()
     with _builtin_open(path, "wb") as f:
         f.write(source)
-    _redirect_descriptors(case_dir)
+    _redirect_descriptors(case, case_dir)
     streams = _std_streams()
     sys.stdin, sys.stdout, sys.stderr = streams
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams  # type: ignore[misc]
@@ -637,3 +681,14 @@ def main(case_dir: str, nonce: str) -> None:
         os.dup2(saved_fd, fd)
         os.close(saved_fd)
     sys.stdin, sys.stdout, sys.stderr, sys.modules["__main__"], sys.argv = saved
+    for fd in (console, *case.outputs.values()):
+        _os_close(fd)
+
+
+def probe(nonce: str) -> None:
+    """The warm-up's workload: report an empty case, which shows that the runner is loaded in
+    the snapshot and that its frames reach the host."""
+    case = _Case(nonce, 1)
+    case.frame(protocol.START)
+    case.frame(protocol.END, *protocol.end_fields(protocol.End(0, 0.0, None, (0, 0))))
+    case.frame(protocol.DONE)
