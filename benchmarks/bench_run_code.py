@@ -58,21 +58,27 @@ def use_standin_unless_configured(scratch: Path) -> str:
     os.environ["HLUK_PATH"] = str(wrapper)
     os.environ["HLUK_STANDIN_BWRAP"] = str(bwrap_path())
     os.environ["HLUK_CACHE_DIR"] = str(scratch / "cache")
+    os.environ["VERL_HYPERLIGHT_HLUK_ENV"] = "HLUK_STANDIN_*"
     return "the stand-in hluk (tests/standin/hluk)"
 
 
 def instant_hluk(scratch: Path) -> Path:
-    """A hluk double that prints the runner's frames for EXPECTED at once (no guest at all)."""
+    """A hluk double that prints the runner's frames for EXPECTED at once (no guest at all),
+    and an empty case's for the warm-up's probe."""
     encoded = base64.b64encode(EXPECTED.encode()).decode()
     double = scratch / "instant-hluk"
     double.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = --version ]; then echo "hluk 0.19.0"; exit 0; fi\n'
         "for last; do :; done\n"
-        'case "$last" in *main*) ;; *) exit 0 ;; esac\n'
-        "nonce=${last##*, \\'}; nonce=${nonce%%\\'*}\n"
-        f"printf '\\r\\n%s start\\r\\n\\r\\n%s stdout {encoded}\\r\\n"
-        '\\r\\n%s exit 0 0.000100 -\\r\\n\' "$nonce" "$nonce" "$nonce"\n'
+        "nonce=${last%\\')}; nonce=${nonce##*\\'}\n"
+        'case "$last" in\n'
+        "  *probe*) printf '\\r\\n%s start\\r\\n\\r\\n%s end 0 0.0 - 0 0\\r\\n"
+        '\\r\\n%s done\\r\\n\' "$nonce" "$nonce" "$nonce" ;;\n'
+        "  *main*) printf '\\r\\n%s start\\r\\n"
+        f"\\r\\n%s end 0 0.000100 - {len(EXPECTED)} 0\\r\\n\\r\\n%s stdout {encoded}\\r\\n"
+        '\\r\\n%s done\\r\\n\' "$nonce" "$nonce" "$nonce" "$nonce" ;;\n'
+        "esac\n"
     )
     double.chmod(0o755)
     return double
