@@ -24,7 +24,7 @@ import os, re, subprocess, sys
 argv = [{python!r}, "-I", "-S", {standin!r}, *sys.argv[1:]]
 workload = sys.argv[sys.argv.index("--exec") + 1] if "--exec" in sys.argv else ""
 nonce = re.search(r"'([0-9a-f]{{32}})'\\)$", workload)
-if nonce is None:
+if nonce is None or "--mount" not in sys.argv:  # not a case: --version, the warm-up's probe
     os.execv(argv[0], argv)
 start = (nonce.group(1) + " start").encode()
 vm = subprocess.Popen(argv, stdout=subprocess.PIPE)
@@ -154,12 +154,13 @@ def test_a_failure_before_the_solution_started_twice_is_a_sandbox_error(
     host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
 ) -> None:
     run("pass")
-    fail_with(monkeypatch, fail_file, "failed to restore snapshot: interrupted", 2)
+    fail_with(monkeypatch, fail_file, "failed to restore snapshot: interrupted", 3)
     assert "failed to restore snapshot: interrupted" in sandbox_error(run("print(1)"))
     # The case failed at once, so before its retry the guest was probed again, and the probe
-    # failed the same way: the case is answered without a third run.
+    # failed the same way, twice (a probe gets a retry too): the case is answered without
+    # running again.
     assert len(host.case_runs()) == 1 + 1
-    assert len(host.warm_ups()) == 2
+    assert len(host.warm_ups()) == 1 + 2
 
 
 def test_a_guest_that_never_starts_is_a_sandbox_error_distinct_from_a_timeout(
@@ -274,9 +275,7 @@ def test_hluk_gets_what_it_reads_of_the_workers_environment_and_nothing_else(
 ) -> None:
     seen = tmp_path / "environment"
     wrapper = tmp_path / "hluk"
-    wrapper.write_text(
-        f"#!/bin/sh\n/usr/bin/env > {seen}\nexec {os.environ['HLUK_PATH']} \"$@\"\n"
-    )
+    wrapper.write_text(f'#!/bin/sh\n/usr/bin/env > {seen}\nexec {os.environ["HLUK_PATH"]} "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("HLUK_PATH", str(wrapper))
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-pass")
@@ -353,3 +352,40 @@ def test_a_persistent_failure_is_logged_as_zeroing_every_reward(
     sandbox_error(run("print(1)"))
     [logged] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert "every code reward is zero while this lasts" in logged
+
+
+# ---------------------------------------------------------------------------------------------
+# Endings named for what happened
+
+
+@pytest.mark.parametrize("stage", ["warm-up", "case"])
+@pytest.mark.parametrize("signal_name", ["BUS", "SEGV"])
+def test_a_hluk_killed_by_a_signal_is_named_for_it_not_for_a_timeout(
+    host: Host, monkeypatch: pytest.MonkeyPatch, stage: str, signal_name: str
+) -> None:
+    if stage == "case":
+        run("pass")
+    monkeypatch.setenv("HLUK_STANDIN_SIGNAL", signal_name)
+    message = sandbox_error(run("print(1)"))
+    assert f"was killed by SIG{signal_name}" in message
+    assert "cache clean" in message  # what to do about a truncated snapshot
+    assert "took more than" not in message and "did not start within" not in message
+
+
+def test_hluks_decisive_error_line_is_read_after_a_long_stderr(
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path, tmp_path: Path
+) -> None:
+    # Whatever hluk writes first (logs, a profile report: here 200 KiB of it), its final
+    # `error:` line is what decides.
+    verbose = tmp_path / "hluk"
+    chatter = "import sys\nsys.stderr.write(('INFO pulled layer ' + 'y' * 80 + '\\n') * 2000)\n"
+    verbose.write_text(
+        f"#!/bin/sh\n{shlex.quote(sys.executable)} -c {shlex.quote(chatter)}\n"
+        f'exec {os.environ["HLUK_PATH"]} "$@"\n'
+    )
+    verbose.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(verbose))
+    run("pass")
+    fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 100)
+    message = sandbox_error(run("print(1)"))
+    assert "/dev/kvm: Permission denied" in message and "kvm group" in message

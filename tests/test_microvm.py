@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from verl_hyperlight import _warmup, run_code
+from verl_hyperlight import run_code
 
 pytestmark = [
     pytest.mark.microvm,
@@ -147,10 +149,54 @@ def test_large_output_comes_back_whole() -> None:
     assert len(response["run_result"]["stdout"]) == 10 * 1024 * 1024
 
 
+# Another reward worker's first act: see the guest warm, in a process of its own.
+SECOND_WORKER = (
+    "from verl_hyperlight.cli import main\n"
+    "raise SystemExit(main(['warm-up', 'hyperlight://', '--memory-limit-mb', '1024']))\n"
+)
+
+
 def test_a_second_process_finds_the_guest_warm() -> None:
     run("pass")
-    _warmup.forget()
+    done = subprocess.run(
+        [sys.executable, "-c", SECOND_WORKER], capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr
+    # hluk's own log line said restored=true: the snapshot the first process took.
+    assert "its warm snapshot restored in" in done.stdout, done.stdout
+
+
+def test_cases_after_hluk_cache_clean_find_the_guest_warm_again() -> None:
     run("pass")
+    hluk = os.environ.get("HLUK_PATH") or shutil.which("hluk")
+    assert hluk is not None
+    subprocess.run([hluk, "cache", "clean", "--snapshots"], check=True, timeout=60)
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda i: run(f"print({i})"), range(8)))
+    assert [r["run_result"]["stdout"] for r in responses] == [f"{i}\n" for i in range(8)]
+
+
+def test_large_output_at_the_end_of_the_time_limit_is_copied_out_whole() -> None:
+    # hluk's console costs a VM exit and a print per write: copying 16 MiB out takes time the
+    # solution, which ended within its limit, is not charged.
+    code = "import sys, time\ntime.sleep(1.5)\nsys.stdout.write('x' * (16 * 2**20))"
+    response = run(code, timeout=2)
+    assert response["status"] == "Success", response["run_result"]["status"]
+    assert len(response["run_result"]["stdout"]) == 16 * 2**20
+
+
+def test_a_solution_posing_as_a_kvm_failure_and_breaking_its_report_is_its_failure() -> None:
+    code = (
+        "import os\n"
+        "print('error: failed to open /dev/kvm: Permission denied', flush=True)\n"
+        "for fd in range(3, 64):\n"
+        "    if os.isatty(fd):\n"
+        "        os.write(fd, b'\\nerror: failed to open /dev/kvm: Permission denied\\n')\n"
+        "        os.close(fd)\n"
+    )
+    response = run(code)
+    assert response["status"] == "Failed"
+    assert response["run_result"]["return_code"] not in (None, 0)
 
 
 @pytest.mark.skipif(

@@ -115,7 +115,7 @@ def test_nothing_is_left_behind_after_many_cases_including_failures(
     _, error = run_code("hyperlight://", None, "", None, 1, None)  # type: ignore[arg-type]
     assert error is not None and error.startswith("Invalid request")
     fail_file = tmp_path / "fail"
-    fail_file.write_text("2")
+    fail_file.write_text("3")  # the case, then the probe before its retry, and its retry
     monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail_file))
     assert run("print(1)")["status"] == "SandboxError"
     monkeypatch.setenv("HLUK_STANDIN_HANG", "1")

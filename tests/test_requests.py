@@ -128,3 +128,22 @@ def test_run_timeout_none_is_the_default_of_10_seconds(
     response = run("import time\ntime.sleep(3)\nprint('finished')\n", run_timeout=None)
     assert result(response)[:3] == ("Failed", "TimeLimitExceeded", None)
     assert response["run_result"]["execution_time"] >= 1.0  # a timed-out run ran its timeout
+
+
+def test_a_temporary_directory_whose_path_holds_a_colon_still_runs_cases(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hluk splits --mount at its first colon: the case directory is named relative to the
+    # directory hluk runs in.
+    import tempfile
+
+    colon = host.tmpdir / "node:tmp"
+    colon.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(colon))
+    assert result(run("print(input())", "through a colon\n"))[:4] == (
+        "Success",
+        "Finished",
+        0,
+        "through a colon\n",
+    )
+    assert list(colon.iterdir()) == []  # removed as any case directory is

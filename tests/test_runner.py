@@ -527,3 +527,48 @@ def test_the_guest_package_uses_only_the_standard_library(module: types.ModuleTy
         for name in [i.argval]
     }
     assert relative <= set(_guest.GUEST_MODULES)
+
+
+# ---------------------------------------------------------------------------------------------
+# one protocol: the host's parser reads what the runner writes
+
+
+def as_a_console_passes_it(frames: bytes, noise: bytes) -> bytes:
+    """The runner's frames as hluk's stdout carries them: newlines as \\r\\n, with text that is
+    not the runner's before and between them."""
+    return noise + frames.replace(b"\n", b"\r\n").replace(b"\r\n\r\n", b"\r\n" + noise + b"\r\n")
+
+
+@pytest.mark.parametrize("read_size", [1, 7, 4096, 1 << 20])
+def test_the_hosts_parser_reads_what_the_runner_writes(
+    output_case: runner._Case, tmp_path: Path, read_size: int
+) -> None:
+    from verl_hyperlight import _hluk
+
+    (tmp_path / "stdout").write_bytes(b"\xce\xbbx\n")
+    (tmp_path / "stderr").write_bytes(b"err")
+    start = runner.protocol.frame(output_case.nonce, runner.protocol.START)
+    output_case.finish(4)
+    frames = start + (tmp_path / "console").read_bytes()
+    console = _hluk._Console(output_case.nonce.decode())
+    stream = as_a_console_passes_it(frames, b"hl_driver: noise 00 end 0 0 - 0 0")
+    for offset in range(0, len(stream), read_size):
+        console.feed(stream[offset : offset + read_size])
+    assert console.started and console.done
+    assert console.end is not None and (console.end.status, console.end.sizes) == (4, (4, 3))
+    assert bytes(console.stream("stdout")) == b"\xce\xbbx\n"
+    assert bytes(console.stream("stderr")) == b"err"
+    assert console.preamble() == b"hl_driver: noise 00 end 0 0 - 0 0"
+
+
+def test_frames_of_another_nonce_or_malformed_are_not_the_runners() -> None:
+    from verl_hyperlight import _hluk
+
+    nonce = "ab" * 16
+    console = _hluk._Console(nonce)
+    frame = runner.protocol.frame
+    console.feed(frame(nonce.encode(), runner.protocol.START))
+    console.feed(frame(b"cd" * 16, runner.protocol.END, b"0", b"0.1", b"-", b"0", b"0"))
+    console.feed(frame(nonce.encode(), runner.protocol.END, b"0", b"zero", b"-", b"0", b"0"))
+    console.feed(frame(nonce.encode(), runner.protocol.STDOUT, b"not base64!"))
+    assert console.started and console.end is None and not console.done

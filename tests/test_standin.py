@@ -778,6 +778,22 @@ def test_kill_after_kills_a_running_guest(env: dict[str, str]) -> None:
     assert "survived" not in console(result)
 
 
+def test_a_slow_console_holds_the_guests_writes_back(env: dict[str, str]) -> None:
+    # The guest times its own writes: with the console passing 256 KiB/s, 1 MiB cannot leave
+    # the guest faster than the console takes it, less what the pty holds (well under 256 KiB).
+    rate, size = 256 * 1024, 1024 * 1024
+    code = (
+        "import os, sys, time\n"
+        "started = time.monotonic()\n"
+        f"os.write(1, b'x' * {size})\n"
+        "os.write(2, b'\\n%.6f\\n' % (time.monotonic() - started))\n"
+    )
+    result = guest({**env, "HLUK_STANDIN_CONSOLE_BYTES_PER_SECOND": str(rate)}, code)
+    assert result.returncode == 0, result.stderr
+    took = float(console(result).split()[-1])
+    assert took >= (size - rate) / rate
+
+
 def test_argv_log_records_each_argv_as_a_json_line(env: dict[str, str], tmp_path: Path) -> None:
     log = tmp_path / "argv.jsonl"
     logging = {**env, "HLUK_STANDIN_ARGV_LOG": str(log)}

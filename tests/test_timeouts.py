@@ -65,3 +65,40 @@ def test_execution_time_is_the_solutions_own_wall_time_without_the_restore(
     # All of the solution's time is in it, and none of the restore that ran first in the call.
     assert own_span <= execution_time
     assert execution_time + restore <= call_span
+
+
+MIB = 1024 * 1024
+# A solution that ends well within a 1 s run_timeout and leaves 3 MiB of output (4 MiB on the
+# console, base64): through a console passing 2 MiB/s, as hluk's may (a VM exit and a print
+# per write), copying it out takes about 2 s.
+LARGE_OUTPUT_EARLY = "import sys, time\ntime.sleep(0.3)\nsys.stdout.write('c' * (3 * 2**20))\n"
+
+
+def test_copying_the_output_out_is_not_charged_to_run_timeout(
+    hluk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run("pass", 10)
+    monkeypatch.setenv("HLUK_STANDIN_CONSOLE_BYTES_PER_SECOND", str(2 * MIB))
+    run_timeout = 1
+    called = time.monotonic()
+    response = run(LARGE_OUTPUT_EARLY, run_timeout)
+    call_span = time.monotonic() - called
+    assert response["status"] == "Success", response["run_result"]
+    assert response["run_result"]["stdout"] == "c" * (3 * MIB)
+    assert response["run_result"]["execution_time"] < run_timeout
+    # The copy-out ran far past the solution's run_timeout: charged to it, this was a timeout.
+    assert call_span >= 2 * run_timeout
+
+
+def test_a_copy_out_past_its_own_budget_is_a_sandbox_error(
+    hluk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verl_hyperlight import _hluk
+
+    run("pass", 10)
+    monkeypatch.setenv("HLUK_STANDIN_CONSOLE_BYTES_PER_SECOND", str(2 * MIB))
+    monkeypatch.setattr(_hluk, "COPY_OUT_SECONDS", 0.5)
+    monkeypatch.setattr(_hluk, "COPY_OUT_BYTES_PER_SECOND", 100 * MIB)
+    response = run(LARGE_OUTPUT_EARLY, 10)
+    assert response["status"] == "SandboxError"
+    assert "did not copy the solution's output" in response["message"]

@@ -4,11 +4,13 @@ case's time, serialized across processes by a file lock beside hluk's cache."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 import types
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -121,14 +123,14 @@ def test_a_failed_warm_up_is_retried_after_the_back_off_not_on_every_case(
     host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     fail_file = tmp_path / "fail"
-    fail_file.write_text("1")
+    fail_file.write_text("2")  # the probe, and the one retry a failed start gets
     monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail_file))
     monkeypatch.setenv("HLUK_STANDIN_FAIL_MESSAGE", "failed to save snapshot: disk full")
     monkeypatch.setattr(_warmup, "RETRY_AFTER_SECONDS", 60.0)
 
     assert "snapshot" in sandbox_error(run("print(1)"))
     spawned = len(host.runs())
-    assert len(host.warm_ups()) == 1 and host.case_runs() == []
+    assert len(host.warm_ups()) == 2 and host.case_runs() == []
 
     # During the back-off a case fails at once, without running hluk at all.
     assert "snapshot" in sandbox_error(run("print(1)"))
@@ -139,4 +141,112 @@ def test_a_failed_warm_up_is_retried_after_the_back_off_not_on_every_case(
     later = types.SimpleNamespace(monotonic=lambda: time.monotonic() + 61)
     monkeypatch.setattr(_warmup, "time", later)
     assert result(run("print('warm')"))[:4] == ("Success", "Finished", 0, "warm\n")
+    assert len(host.warm_ups()) == 3 and len(host.case_runs()) == 1
+
+
+def test_a_probe_that_fails_at_once_is_retried_as_a_case_is(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fail_file = tmp_path / "fail"
+    fail_file.write_text("1")
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail_file))
+    assert result(run("print('warm')"))[:4] == ("Success", "Finished", 0, "warm\n")
     assert len(host.warm_ups()) == 2 and len(host.case_runs()) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The warm state is hluk's snapshot: when it goes, the next cases wait for one probe to take it
+# again, instead of cold-booting at once and breaking each other's save (hluk writes a
+# snapshot through one <slot>.part directory, which each cold boot removes first).
+
+CONCURRENT = 8
+
+
+def concurrent_cases(count: int = CONCURRENT) -> list[tuple[str, str | None, int | None, str]]:
+    with ThreadPoolExecutor(count) as pool:
+        responses = list(pool.map(lambda i: run(f"print({i})"), range(count)))
+    return [result(response)[:4] for response in responses]
+
+
+def all_succeeded(answers: list[tuple[str, str | None, int | None, str]]) -> bool:
+    return answers == [("Success", "Finished", 0, f"{i}\n") for i in range(len(answers))]
+
+
+@pytest.fixture
+def slow_save(host: Host, monkeypatch: pytest.MonkeyPatch) -> Host:
+    """A snapshot that takes long enough to write for concurrent cold boots to overlap."""
+    monkeypatch.setenv("HLUK_STANDIN_SAVE_SECONDS", "0.5")
+    return host
+
+
+def hluk_command(*args: str) -> None:
+    done = subprocess.run([os.environ["HLUK_PATH"], *args], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("cleaned", [["--snapshots"], ["--rootfs"], []])
+def test_a_cache_cleaned_under_the_workers_is_warmed_again_before_the_next_cases(
+    slow_save: Host, cleaned: list[str]
+) -> None:
+    run("pass")
+    hluk_command("cache", "clean", *cleaned)
+    assert all_succeeded(concurrent_cases())
+    # One probe took the snapshot again (pulling the image where it was gone too); no case
+    # failed to start and was retried.
+    assert len(slow_save.case_runs()) == 1 + CONCURRENT
+    assert len(slow_save.warm_ups()) == 2
+
+
+def test_a_rebuilt_local_rootfs_is_warmed_up_again_before_the_next_cases(
+    slow_save: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    rootfs = tmp_path / "rootfs.cpio"
+    rootfs.write_bytes(b"070701")
+    monkeypatch.setenv("HLUK_INITRD", str(rootfs))
+    run("pass")
+    rootfs.write_bytes(b"070701 rebuilt")  # hluk stamps its snapshot with size and mtime
+    assert all_succeeded(concurrent_cases())
+    assert len(slow_save.case_runs()) == 1 + CONCURRENT
+    assert len(slow_save.warm_ups()) == 2
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("HLUK_IMAGE_VERSION", "0.19.1"), ("HLUK_REGISTRY", "registry.example/mirror")],
+)
+def test_hluk_settings_that_change_the_image_are_part_of_the_warm_state(
+    slow_save: Host, monkeypatch: pytest.MonkeyPatch, setting: str, value: str
+) -> None:
+    run("pass")
+    monkeypatch.setenv(setting, value)  # another image, so another snapshot
+    assert all_succeeded(concurrent_cases())
+    assert len(slow_save.case_runs()) == 1 + CONCURRENT
+    assert len(slow_save.warm_ups()) == 2
+
+
+def test_the_warm_up_command_says_the_node_is_cold_once_its_snapshot_is_gone(
+    host: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_hyperlight.cli import main
+
+    assert main(["warm-up"]) == 0
+    _warmup.forget()
+    assert main(["warm-up"]) == 0
+    assert "restored in" in capsys.readouterr().out
+    hluk_command("cache", "clean", "--snapshots")
+    _warmup.forget()
+    assert main(["warm-up"]) == 0
+    assert "pulled and snapshotted in" in capsys.readouterr().out
+
+
+def test_without_the_probes_concurrent_cold_boots_do_break_each_other(
+    slow_save: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the warm state guards against, shown on the stand-in as on hluk: cases that all
+    # find the snapshot gone boot at once, and some of them fail to save it.
+    run("pass")
+    monkeypatch.setattr(_warmup, "ensure_ready", lambda path, guest: None)
+    hluk_command("cache", "clean", "--snapshots")
+    assert len(slow_save.case_runs()) == 1
+    concurrent_cases()
+    assert len(slow_save.case_runs()) > 1 + CONCURRENT  # some failed to start and were retried

@@ -353,7 +353,8 @@ class _Console:
         """The end of the text before the start, once hluk's stdout has ended."""
         self._text(self._carry)
         self._carry = b""
-        return bytes(self._preamble).replace(b"\r\n", b"\n")
+        # The \r of the console's \r\n before the start frame is the console's, not text.
+        return bytes(self._preamble).replace(b"\r\n", b"\n").removesuffix(b"\r")
 
 
 class _Tail:

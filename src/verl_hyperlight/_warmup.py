@@ -14,7 +14,6 @@ the guest was last seen warm (two stat calls), and probes again when they change
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import secrets
@@ -119,7 +118,7 @@ def ensure_ready(path: str, guest: Guest) -> Warmth | None:
         if entry.failure is not None and time.monotonic() < entry.retry_at:
             raise entry.failure
         try:
-            warmth = _warm_up(path, guest, key)
+            warmth = _warm_up(path, guest)
         except BackendError as failure:
             entry.failure = failure
             entry.retry_at = time.monotonic() + RETRY_AFTER_SECONDS
@@ -143,15 +142,16 @@ def forget() -> None:
         _registry.clear()
 
 
-def _lock(key: tuple[object, ...]) -> FileLock:
-    """The file lock that serializes the probes of one guest across the node's processes."""
+def _lock() -> FileLock:
+    """The file lock that serializes the probes of every guest across the node's processes:
+    two guests of one image pull it, and a pull that lands second changes the image file,
+    which makes hluk prune the snapshot the first took."""
     directory = cache_root() / "verl-hyperlight"
-    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:24]
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _cache_unusable(exc) from None
-    return FileLock(str(directory / f"{digest}.lock"))
+    return FileLock(str(directory / "warm-up.lock"))
 
 
 def _cache_unusable(exc: OSError) -> BackendError:
@@ -162,18 +162,26 @@ def _cache_unusable(exc: OSError) -> BackendError:
     )
 
 
-def _warm_up(path: str, guest: Guest, key: tuple[object, ...]) -> Warmth:
+def _probe(path: str, guest: Guest) -> _hluk.RawOutcome:
+    nonce = secrets.token_hex(16)
+    argv = [path, "--log-level", "info", "run", *guest.args(), "--exec", probe_code(nonce)]
+    return _hluk.run(argv, nonce, PROBE_RUN_TIMEOUT_SECONDS, WARM_UP_TIMEOUT_SECONDS)
+
+
+def _warm_up(path: str, guest: Guest) -> Warmth:
     _hluk.check_version(path)
-    lock = _lock(key)
+    lock = _lock()
     try:
         lock.acquire()
     except OSError as exc:
         raise _cache_unusable(exc) from None
     try:
         started = time.monotonic()
-        nonce = secrets.token_hex(16)
-        argv = [path, "--log-level", "info", "run", *guest.args(), "--exec", probe_code(nonce)]
-        outcome = _hluk.run(argv, nonce, PROBE_RUN_TIMEOUT_SECONDS, WARM_UP_TIMEOUT_SECONDS)
+        outcome = _probe(path, guest)
+        if outcome.ending in (_hluk.Ending.NOT_STARTED, _hluk.Ending.KILLED):
+            # As a case is: a case of another process that cold-booted at that moment (its
+            # view of the cache was stale) may have removed the snapshot being written.
+            outcome = _probe(path, guest)
     finally:
         lock.release()
     seconds = time.monotonic() - started
