@@ -126,15 +126,22 @@ def test_a_snapshot_failure_says_to_check_hluks_cache(
     assert "free space" in message and "HLUK_CACHE_DIR" in message
 
 
-def test_hluk_crashing_after_the_solution_started_is_a_sandbox_error_not_retried(
-    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+@pytest.fixture
+def crashing_hluk(host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Host:
+    """HLUK_PATH is CRASHING_HLUK."""
     crashing = tmp_path / "hluk"
     crashing.write_text(
         CRASHING_HLUK.format(python=shlex.quote(sys.executable), standin=str(STANDIN))
     )
     crashing.chmod(0o755)
     monkeypatch.setenv("HLUK_PATH", str(crashing))
+    return host
+
+
+def test_hluk_crashing_after_the_solution_started_is_a_sandbox_error_not_retried(
+    crashing_hluk: Host,
+) -> None:
+    host = crashing_hluk
     message = sandbox_error(run("import time\nprint('partial', flush=True)\ntime.sleep(30)"))
     assert "status 101" in message and "panicked" in message
     assert "upgrade hluk" in message and "report" in message
@@ -328,14 +335,8 @@ def test_an_unusable_cache_directory_is_a_sandbox_error_with_the_back_off(
 
 
 def test_a_one_off_failure_is_not_logged_as_zeroing_every_reward(
-    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    crashing_hluk: Host, caplog: pytest.LogCaptureFixture
 ) -> None:
-    crashing = tmp_path / "hluk"
-    crashing.write_text(
-        CRASHING_HLUK.format(python=shlex.quote(sys.executable), standin=str(STANDIN))
-    )
-    crashing.chmod(0o755)
-    monkeypatch.setenv("HLUK_PATH", str(crashing))
     caplog.set_level(logging.ERROR, logger="verl_hyperlight")
     sandbox_error(run("import time\nprint('partial', flush=True)\ntime.sleep(30)"))
     [logged] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

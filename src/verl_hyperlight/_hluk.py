@@ -11,7 +11,7 @@ ended is decided once, in ``_decide``, from what hluk and the runner said.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import ctypes
 import enum
 import functools
@@ -78,6 +78,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?")
 _GUEST_EXIT = re.compile(r"error: the guest exited with status (-?\d+)")
+_BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 
 
 class Ending(enum.Enum):
@@ -89,8 +90,9 @@ class Ending(enum.Enum):
     DEADLOCKED = "deadlocked"  # hluk found every guest thread blocked forever
     GUEST_DIED = "guest-died"  # the guest process ended outside the runner (its OOM killer)
     CONSOLE_LIMIT = "console-limit"  # the console passed CONSOLE_LIMIT and was stopped
-    BROKEN = "broken"  # hluk ended with the call's own status and no report: the solution
-    # broke the runner (replaced or closed what it reports with)
+    # hluk ended with the status of the runner's failed call and no report: the solution broke
+    # the runner (replaced or closed what it reports with)
+    BROKEN = "broken"
     # Failures of the backend, answered as SandboxError; retried once when nothing of the
     # solution ran.
     NOT_STARTED = "not-started"  # hluk exited before the solution started
@@ -129,8 +131,9 @@ class RawOutcome:
     hluk_status: int | None  # hluk's exit status (-N: killed by signal N); None if stopped
     hluk_error: str  # hluk's final `error:` line, or its panic, else ""
     hluk_stderr: str  # the end of hluk's stderr, as hluk wrote it
-    preamble: bytes  # the end of the console text before the start: the driver's, never the
-    # solution's
+    # The end of the console text before the start: the driver's and the runner's own, never
+    # the solution's.
+    preamble: bytes
     restored: bool | None  # hluk's `restored=` log line, when run with --log-level info
     host_elapsed: float  # from the start frame (or the spawn) to the end frame or the stop
     limit: float  # the seconds of the deadline the run was held to last
@@ -275,7 +278,10 @@ class _Console:
 
     Only what a frame needs is kept: the line of a frame being received (at most a frame's
     length) and, before the start, the end of the other text; the output goes straight into
-    its stream. So a case holds about its output once, whatever the guest writes."""
+    its stream. Reads land in one buffer, frame lines in another, both made once per case, so
+    a case allocates little besides its output (a worker's allocator then has nothing to
+    fragment over thousands of cases), and holds about its output once, whatever the guest
+    writes."""
 
     def __init__(self, nonce: str) -> None:
         self.nonce = nonce.encode("ascii")
@@ -285,63 +291,88 @@ class _Console:
         self.end: protocol.End | None = None
         self.done = False
         self.outputs: dict[str, _Output] = {}
-        self._carry = b""  # unscanned text that may begin a frame
-        self._line: bytearray | None = None  # the frame line being received
+        # Unscanned text that may begin a marker stays at the head of the buffer (_kept bytes)
+        # and the next read lands after it.
+        self._buffer = bytearray(READ_SIZE + len(self.marker))
+        self._kept = 0
+        self._line = bytearray(protocol.MAX_FRAME_LINE)
+        self._line_length: int | None = None  # None: not within a frame line
         self._preamble = bytearray()
 
+    def read(self, fd: int) -> int:
+        """Read what `fd` has (at most READ_SIZE bytes) and scan it; 0 at its end."""
+        count = os.readv(fd, [memoryview(self._buffer)[self._kept :]])
+        self.total += count
+        self._scan(self._kept + count)
+        return count
+
     def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        data = self._carry + chunk if self._carry else chunk
-        self._carry = b""
+        """Scan `chunk` as if read."""
+        for offset in range(0, len(chunk), READ_SIZE):
+            piece = chunk[offset : offset + READ_SIZE]
+            self._buffer[self._kept : self._kept + len(piece)] = piece
+            self.total += len(piece)
+            self._scan(self._kept + len(piece))
+
+    def _scan(self, end: int) -> None:
+        data, view = self._buffer, memoryview(self._buffer)
+        self._kept = 0
         position = 0
-        while position < len(data):
-            if self._line is not None:
-                newline = data.find(b"\n", position)
-                self._line += data[position : len(data) if newline < 0 else newline]
-                if len(self._line) > protocol.MAX_FRAME_LINE:
-                    self._line = None  # too long for a frame: not the runner's
-                elif newline >= 0:
-                    self._frame(bytes(self._line).removesuffix(b"\r").split(b" "))
-                    self._line = None
+        while position < end:
+            if self._line_length is not None:
+                newline = data.find(b"\n", position, end)
+                stop = end if newline < 0 else newline
+                length = self._line_length + stop - position
+                if length > protocol.MAX_FRAME_LINE:
+                    self._line_length = None  # too long for a frame: not the runner's
+                else:
+                    self._line[self._line_length : length] = view[position:stop]
+                    self._line_length = length
+                    if newline >= 0:
+                        self._frame(memoryview(self._line)[:length])
+                        self._line_length = None
                 if newline < 0:
                     return
                 position = newline  # the newline may begin the next frame
                 continue
-            found = data.find(self.marker, position)
+            found = data.find(self.marker, position, end)
             if found < 0:
-                # The marker may straddle this read and the next.
-                keep = max(position, len(data) - len(self.marker) + 1)
-                self._text(data[position:keep])
-                self._carry = data[keep:]
+                # The marker may straddle this read and the next: its possible start is kept.
+                keep = max(position, end - len(self.marker) + 1)
+                self._text(view[position:keep])
+                self._kept = end - keep
+                data[: self._kept] = view[keep:end]
                 return
-            self._text(data[position:found])
-            self._line = bytearray()
+            self._text(view[position:found])
+            self._line_length = 0
             position = found + len(self.marker)
 
-    def _text(self, text: bytes) -> None:
+    def _text(self, text: memoryview) -> None:
         if not self.started and text:
             self._preamble += text
             del self._preamble[:-PREAMBLE_LIMIT]
 
-    def _frame(self, fields: list[bytes]) -> None:
-        kind, rest = fields[0], fields[1:]
+    def _frame(self, line: memoryview) -> None:
+        if line and line[-1] == ord("\r"):
+            line = line[:-1]
+        space = bytes(line[:16]).find(b" ")
+        kind = bytes(line if space < 0 else line[:space])
         if kind == protocol.START:
             self.started = True
         elif not self.started or self.done:
             return
         elif kind == protocol.END and self.end is None:
             try:
-                self.end = protocol.parse_end(rest)
+                self.end = protocol.parse_end(bytes(line).split(b" ")[1:])
             except ValueError:
                 return  # not the runner's: a frame a solution forged
             for name, size in zip(("stdout", "stderr"), self.end.sizes, strict=True):
                 self.outputs[name] = _Output(size)
-        elif kind in protocol.STREAMS and self.end is not None and len(rest) == 1:
-            try:
-                data = base64.b64decode(rest[0], validate=True)
-            except ValueError:
-                return
-            self.outputs[protocol.STREAMS[kind]].add(data)
+        elif kind in protocol.STREAMS and self.end is not None and space >= 0:
+            payload = line[space + 1 :]
+            if _BASE64.fullmatch(payload) is None:
+                return  # not the runner's
+            self.outputs[protocol.STREAMS[kind]].add(binascii.a2b_base64(payload))
         elif kind == protocol.DONE and self.end is not None:
             self.done = True
 
@@ -351,8 +382,8 @@ class _Console:
 
     def preamble(self) -> bytes:
         """The end of the text before the start, once hluk's stdout has ended."""
-        self._text(self._carry)
-        self._carry = b""
+        self._text(memoryview(self._buffer)[: self._kept])
+        self._kept = 0
         # The \r of the console's \r\n before the start frame is the console's, not text.
         return bytes(self._preamble).replace(b"\r\n", b"\n").removesuffix(b"\r")
 
@@ -490,13 +521,13 @@ def run(
                         selector.unregister(exit_fd)
                         hluk_exited = True
                         continue
-                    chunk = os.read(key.fd, READ_SIZE)
-                    if not chunk:
-                        selector.unregister(key.fileobj)
-                    elif key.fileobj is proc.stdout:
-                        console.feed(chunk)
-                    else:
+                    if key.fileobj is proc.stdout:
+                        if not console.read(key.fd):
+                            selector.unregister(key.fileobj)
+                    elif chunk := os.read(key.fd, READ_SIZE):
                         stderr.add(chunk)
+                    else:
+                        selector.unregister(key.fileobj)
                 now = time.monotonic()
                 if started_at is None and console.started:
                     started_at, limit = now, run_timeout
