@@ -1130,40 +1130,38 @@ def test_an_image_pulled_again_prunes_the_snapshots_of_the_earlier_file(
 def test_two_first_runs_of_one_snapshot_can_break_each_others_save(
     fresh_env: dict[str, str], tmp_path: Path
 ) -> None:
-    # hluk writes a snapshot into <slot>.part, a fixed name with no lock: a second first run
-    # removes the first one's directory and writes its own there; the one that comes second to
-    # the rename finds no directory left, and fails before its workload.
+    # hluk writes a snapshot into <slot>.part, a fixed name with no lock: a second first run,
+    # starting while the first writes, removes the first one's directory and writes its own
+    # there; the first moves it into place, and the second finds no directory left to finish
+    # its own, and fails before its workload.
     racing = {**fresh_env, "HLUK_STANDIN_SAVE_SECONDS": "3"}
     assert guest(racing, "pass", "--cold").returncode == 0  # pulled, no snapshot yet
     out = tmp_path / "out"
     out.mkdir()
-    procs = [
-        subprocess.Popen(
-            [
-                racing["HLUK_PATH"],
-                "run",
-                "--mount",
-                f"{out}:/out",
-                "--exec",
-                f"open('/out/ran-{i}', 'w')",
-            ],
+    snapshots = Path(fresh_env["HLUK_CACHE_DIR"]) / "snapshots"
+
+    def first_run(i: int) -> subprocess.Popen[bytes]:
+        argv = ["run", "--mount", f"{out}:/out", "--exec", f"open('/out/ran-{i}', 'w')"]
+        return subprocess.Popen(
+            [racing["HLUK_PATH"], *argv],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env={**os.environ, **racing},
         )
-        for i in range(2)
-    ]
-    outputs = [proc.communicate(timeout=60) for proc in procs]
-    outcomes = [(proc.returncode, *output) for proc, output in zip(procs, outputs, strict=True)]
-    failed = [i for i, (status, _, _) in enumerate(outcomes) if status != 0]
-    assert failed, outcomes
-    for i in failed:
-        status, stdout, stderr = outcomes[i]
-        assert (status, stdout) == (1, b"")
-        last = stderr.decode().splitlines()[-1]
-        assert last.startswith("error: cannot save the warm snapshot: No such file or directory")
-        assert not (out / f"ran-{i}").exists()
+
+    first = first_run(0)
+    deadline = time.monotonic() + 30
+    while not list(snapshots.glob("*.part")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(snapshots.glob("*.part")), "the first run never began its save"
+    second = first_run(1)
+    assert first.communicate(timeout=60) == (b"", b"") and first.returncode == 0
+    stdout, stderr = second.communicate(timeout=60)
+    assert (second.returncode, stdout) == (1, b""), stderr
+    last = stderr.decode().splitlines()[-1]
+    assert last.startswith("error: cannot save the warm snapshot: No such file or directory")
+    assert (out / "ran-0").exists() and not (out / "ran-1").exists()
     assert "restored=true" in info_log(fresh_env)
 
 

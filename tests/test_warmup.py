@@ -237,16 +237,3 @@ def test_the_warm_up_command_says_the_node_is_cold_once_its_snapshot_is_gone(
     _warmup.forget()
     assert main(["warm-up"]) == 0
     assert "pulled and snapshotted in" in capsys.readouterr().out
-
-
-def test_without_the_probes_concurrent_cold_boots_do_break_each_other(
-    slow_save: Host, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # What the warm state guards against, shown on the stand-in as on hluk: cases that all
-    # find the snapshot gone boot at once, and some of them fail to save it.
-    run("pass")
-    monkeypatch.setattr(_warmup, "ensure_ready", lambda path, guest: None)
-    hluk_command("cache", "clean", "--snapshots")
-    assert len(slow_save.case_runs()) == 1
-    concurrent_cases()
-    assert len(slow_save.case_runs()) > 1 + CONCURRENT  # some failed to start and were retried
