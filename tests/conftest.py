@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hostside import host  # noqa: F401 - the fixture of the tests of run_code's host side
+from serving import serve  # noqa: F401 - servers of the tests' own
 
 STANDIN = Path(__file__).resolve().parent / "standin" / "hluk"
 

@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -275,16 +275,37 @@ def test_hyperlight_urls_never_reach_verls_function(
 # --- verl's Sandbox Fusion integration cases, through hyperlight:// ----------------------------
 
 
-def test_correct_output_passes(hluk: Path) -> None:
-    results, metadata = check_correctness(URL, INPUT_OUTPUT_VALID, CODE_SUCCESS)
+@pytest.fixture(params=["in-process", "served"])
+def url(request: pytest.FixtureRequest, hluk: Path) -> str:
+    """Each case two ways in: the plugin's hyperlight:// in the reward worker, and verl's own
+    HTTP client against `verl-hyperlight serve` (as verl 0.4-0.5 and nodes without /dev/kvm
+    use it), sized as an operator sizes it for these tests' load."""
+    if request.param == "in-process":
+        return URL
+    serve = request.getfixturevalue("serve")
+    return str(serve("--max-concurrent", "128", "--max-wait", "120").run_code_url)
+
+
+def test_verls_client_gets_the_servers_answer(serve: Callable[..., Any]) -> None:
+    served = serve()
+    assert not plugin.is_ours(served.run_code_url)  # verl's own function posts it
+    response, error = sandbox_utils.call_sandbox_api(
+        served.run_code_url, "print(input()[::-1])", "abc\n", 10, 10, 1024
+    )
+    assert error is None
+    assert (response["status"], response["run_result"]["stdout"]) == ("Success", "cba\n")
+
+
+def test_correct_output_passes(url: str) -> None:
+    results, metadata = check_correctness(url, INPUT_OUTPUT_VALID, CODE_SUCCESS)
     assert results == [True, True]
     assert statuses(metadata) == ["success", "success"]
     assert [case["stdout"] for case in metadata] == ["output1\n", "output2\n"]
     assert [case["exit_code"] for case in metadata] == [0, 0]
 
 
-def test_wrong_output_fails(hluk: Path) -> None:
-    results, metadata = check_correctness(URL, INPUT_OUTPUT_VALID, CODE_WRONG_OUTPUT)
+def test_wrong_output_fails(url: str) -> None:
+    results, metadata = check_correctness(url, INPUT_OUTPUT_VALID, CODE_WRONG_OUTPUT)
     assert results == [False, False]
     assert statuses(metadata) == ["wrong_answer", "wrong_answer"]
     assert metadata[0]["stdout"] == "wrong_output\n"
@@ -295,22 +316,27 @@ def test_wrong_output_fails(hluk: Path) -> None:
     [(CODE_RUNTIME_ERROR, "ValueError"), (CODE_SYNTAX_ERROR, "SyntaxError")],
     ids=["exception", "syntax-error"],
 )
-def test_exceptions_and_syntax_errors_are_runtime_errors(hluk: Path, code: str, error: str) -> None:
-    results, metadata = check_correctness(URL, INPUT_OUTPUT_SINGLE, code)
+def test_exceptions_and_syntax_errors_are_runtime_errors(url: str, code: str, error: str) -> None:
+    results, metadata = check_correctness(url, INPUT_OUTPUT_SINGLE, code)
     assert results == [-2]
     assert metadata[0]["status"] == "runtime_error"
     assert metadata[0]["exit_code"] != 0
     assert error in metadata[0]["stderr"]
 
 
-def test_a_solution_past_its_timeout_times_out(hluk: Path) -> None:
-    results, metadata = check_correctness(URL, INPUT_OUTPUT_SINGLE, CODE_TIMEOUT, timeout=5)
+def test_a_solution_past_its_timeout_times_out(url: str) -> None:
+    results, metadata = check_correctness(url, INPUT_OUTPUT_SINGLE, CODE_TIMEOUT, timeout=5)
     assert results == [-3]
     assert metadata[0]["status"] == "timeout"
     assert metadata[0]["run_status"] == "TimeLimitExceeded"
 
 
+# The hundred-case tests run in-process: over HTTP, a hundred stand-in micro-VMs at once (each
+# a bubblewrap and a CPython, ~0.25 s of CPU) outlast verl's client timeout on a 2-CPU machine;
+# real hluk restores in milliseconds. Over HTTP, test_concurrent_cases_over_http_queue_in_order
+# runs what this machine can serve.
 def test_a_hundred_concurrent_mixed_cases_each_get_their_own_result(hluk: Path) -> None:
+    url = URL
     wrong_answers, timeouts = {10, 25, 50}, {5, 30, 60, 90}
     inputs, outputs, expected = [], [], []
     for i in range(100):
@@ -318,7 +344,7 @@ def test_a_hundred_concurrent_mixed_cases_each_get_their_own_result(hluk: Path) 
         outputs.append(f"wrong_output_{i}\n" if i in wrong_answers else f"output_{i}\n")
         expected.append(-3 if i in timeouts else i not in wrong_answers)
     in_outs = {"inputs": inputs, "outputs": outputs}
-    results, metadata = check_correctness(URL, in_outs, CODE_HIGH_LOAD, timeout=5)
+    results, metadata = check_correctness(url, in_outs, CODE_HIGH_LOAD, timeout=5)
     assert results == expected
     assert statuses(metadata) == [STATUS[result] for result in expected]
     assert [case["case_index"] for case in metadata] == list(range(100))
@@ -327,10 +353,11 @@ def test_a_hundred_concurrent_mixed_cases_each_get_their_own_result(hluk: Path) 
 
 
 def test_a_hundred_concurrent_timeouts_all_time_out(hluk: Path) -> None:
+    url = URL
     with concurrent.futures.ThreadPoolExecutor(max_workers=100) as pool:
         futures = [
             pool.submit(
-                check_correctness, URL, {"inputs": [f"{i}"], "outputs": ["never"]}, CODE_TIMEOUT, 2
+                check_correctness, url, {"inputs": [f"{i}"], "outputs": ["never"]}, CODE_TIMEOUT, 2
             )
             for i in range(100)
         ]
@@ -339,39 +366,48 @@ def test_a_hundred_concurrent_timeouts_all_time_out(hluk: Path) -> None:
     assert {metadata[0]["run_status"] for _, metadata in answers} == {"TimeLimitExceeded"}
 
 
-def test_fn_name_calls_the_solution_method_with_json_arguments(hluk: Path) -> None:
+def test_concurrent_cases_over_http_queue_in_order(serve: Callable[..., Any]) -> None:
+    # The server sized for this machine (max-concurrent = its CPUs): the rest wait their turn.
+    served = serve()
+    inputs = [f"input_timeout_{i}" if i in (3, 11) else f"input_{i}" for i in range(16)]
+    in_outs = {"inputs": inputs, "outputs": [f"output_{i}\n" for i in range(16)]}
+    results, _ = check_correctness(served.run_code_url, in_outs, CODE_HIGH_LOAD, timeout=3)
+    assert results == [-3 if i in (3, 11) else True for i in range(16)]
+
+
+def test_fn_name_calls_the_solution_method_with_json_arguments(url: str) -> None:
     in_outs = {
         "fn_name": "occurrencesOfElement",
         "inputs": ["[1, 3, 1, 7]\n[1, 3, 2, 4]\n1", "[1, 2, 3]\n[10]\n5"],
         "outputs": ["[0, -1, 2, -1]", "[-1]"],
     }
-    results, metadata = check_correctness(URL, in_outs, CODE_FN_NAME, timeout=5)
+    results, metadata = check_correctness(url, in_outs, CODE_FN_NAME, timeout=5)
     assert results == [True, True]
     assert statuses(metadata) == ["success", "success"]
     assert metadata[0]["stdout"] == "[0, -1, 2, -1]\n"
 
 
-def test_none_and_empty_stdin_both_read_as_empty(hluk: Path) -> None:
+def test_none_and_empty_stdin_both_read_as_empty(url: str) -> None:
     in_outs = {"inputs": [None, "", "text"], "outputs": ["EMPTY", "EMPTY", "text"]}
-    results, metadata = check_correctness(URL, in_outs, CODE_ECHO_OR_EMPTY)
+    results, metadata = check_correctness(url, in_outs, CODE_ECHO_OR_EMPTY)
     assert results == [True, True, True]
     assert [case["input"] for case in metadata] == [None, "", "text"]
 
 
-def test_assert_cases_pass_or_fail_as_runtime_errors(hluk: Path) -> None:
+def test_assert_cases_pass_or_fail_as_runtime_errors(url: str) -> None:
     in_outs = {
         "inputs": ["", "", ""],
         "outputs": [None, None, None],
         "assert_case": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(1, 1) == 3"],
     }
-    results, metadata = check_correctness(URL, in_outs, CODE_ADD)
+    results, metadata = check_correctness(url, in_outs, CODE_ADD)
     assert results == [True, True, -2]
     assert "AssertionError" in metadata[2]["stderr"]
 
 
-def test_cpp_gets_a_sandbox_error_saying_python_only(hluk: Path) -> None:
+def test_cpp_gets_a_sandbox_error_saying_python_only(url: str) -> None:
     results, metadata = check_correctness(
-        URL, INPUT_OUTPUT_VALID, CODE_COMPILE_ERROR, language="cpp"
+        url, INPUT_OUTPUT_VALID, CODE_COMPILE_ERROR, language="cpp"
     )
     assert results == [-1, -1]
     assert statuses(metadata) == ["sandbox_error", "sandbox_error"]
@@ -381,10 +417,10 @@ def test_cpp_gets_a_sandbox_error_saying_python_only(hluk: Path) -> None:
 # --- verl's reward entry points -----------------------------------------------------------------
 
 
-def test_default_compute_score_scores_a_codecontests_sample(hluk: Path) -> None:
+def test_default_compute_score_scores_a_codecontests_sample(url: str) -> None:
     def score(completion: str) -> float:
         return default_compute_score(
-            "codecontests", completion, SUM_TESTS, sandbox_fusion_url=URL, memory_limit_mb=1024
+            "codecontests", completion, SUM_TESTS, sandbox_fusion_url=url, memory_limit_mb=1024
         )
 
     assert score(SUM_RIGHT) == 1.0

@@ -7,6 +7,8 @@ response, as verl's call_sandbox_api returns them.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import math
 import os
@@ -17,13 +19,14 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from . import _hluk, _warmup
-from ._errors import BackendError, InvalidRequest
+from ._errors import BackendError, InvalidRequest, Refused
 from ._guest import Guest, guest_for, workload_code
 from ._hluk import Ending
-from ._response import Response, from_outcome, sandbox_error
+from ._response import Response, from_outcome, sandbox_error, time_limit_exceeded
+from .guest import protocol
 
 logger = logging.getLogger("verl_hyperlight")
 
@@ -33,40 +36,43 @@ DEFAULT_RUN_TIMEOUT = 10.0
 STARTUP_TIMEOUT_ENV = "VERL_HYPERLIGHT_STARTUP_TIMEOUT"
 DEFAULT_STARTUP_TIMEOUT = 60.0
 CASE_MOUNT = "/case"
+MAX_PATH_LENGTH = 4096
+MIB = 1024 * 1024
+# A request file whose name holds this is skipped, as the service skips it.
+IGNORED_FILE = "IGNORE_THIS_FILE"
 # Sandbox Fusion's languages: a request for one of these is valid, but only Python runs here.
-SANDBOX_FUSION_LANGUAGES = frozenset(
-    [
-        "python",
-        "cpp",
-        "nodejs",
-        "go",
-        "go_test",
-        "java",
-        "php",
-        "csharp",
-        "bash",
-        "typescript",
-        "sql",
-        "rust",
-        "cuda",
-        "lua",
-        "R",
-        "perl",
-        "D_ut",
-        "ruby",
-        "scala",
-        "julia",
-        "pytest",
-        "junit",
-        "kotlin_script",
-        "jest",
-        "verilog",
-        "python_gpu",
-        "lean",
-        "swift",
-        "racket",
-    ]
-)
+SandboxFusionLanguage = Literal[
+    "python",
+    "cpp",
+    "nodejs",
+    "go",
+    "go_test",
+    "java",
+    "php",
+    "csharp",
+    "bash",
+    "typescript",
+    "sql",
+    "rust",
+    "cuda",
+    "lua",
+    "R",
+    "perl",
+    "D_ut",
+    "ruby",
+    "scala",
+    "julia",
+    "pytest",
+    "junit",
+    "kotlin_script",
+    "jest",
+    "verilog",
+    "python_gpu",
+    "lean",
+    "swift",
+    "racket",
+]
+SANDBOX_FUSION_LANGUAGES = frozenset(get_args(SandboxFusionLanguage))
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,8 @@ class Case:
     code: bytes
     stdin: bytes
     run_timeout: float
+    files: tuple[tuple[str, bytes], ...] = ()  # to write before the solution starts
+    fetch: tuple[str, ...] = ()  # to return once it has ended
 
 
 class _FailureLog:
@@ -125,20 +133,75 @@ def _timeout(name: str, value: object) -> float:
         return DEFAULT_RUN_TIMEOUT
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRequest(f"{name} must be a number of seconds, not {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise InvalidRequest(f"{name} must be a positive number of seconds, not {value!r}")
+    if not math.isfinite(value):
+        raise InvalidRequest(f"{name} must be a finite number of seconds, not {value!r}")
     return float(value)
 
 
+def _path(name: str, path: object) -> str:
+    if not isinstance(path, str) or not path or len(path) > MAX_PATH_LENGTH:
+        raise InvalidRequest(f"{name} paths must be strings of 1 to {MAX_PATH_LENGTH} characters")
+    return path
+
+
+def _files(files: object) -> tuple[tuple[str, bytes], ...]:
+    """The request's files, decoded; skipped as the service skips them: null content, or a
+    name holding IGNORE_THIS_FILE."""
+    if files is None:
+        return ()
+    if not isinstance(files, dict):
+        raise InvalidRequest("files must map paths to base64 text or None")
+    if len(files) > protocol.MAX_FILES:
+        raise InvalidRequest(f"files holds {len(files)} files; at most {protocol.MAX_FILES}")
+    decoded, total = [], 0
+    for path, content in files.items():
+        _path("files", path)
+        if content is not None and not isinstance(content, str):
+            raise InvalidRequest(f"files[{path!r}] must be base64 text or None")
+        if content is None or IGNORED_FILE in path:
+            continue
+        try:
+            data = base64.b64decode(content, validate=True)
+        except ValueError as exc:
+            raise Refused(f"files[{path!r}] is not valid base64: {exc}") from None
+        total += len(data)
+        if total > protocol.FILES_IN_LIMIT:
+            raise InvalidRequest(
+                f"files hold more than {protocol.FILES_IN_LIMIT // MIB} MiB once decoded"
+            )
+        decoded.append((path, data))
+    return tuple(decoded)
+
+
+def _fetch(fetch_files: object) -> tuple[str, ...]:
+    if fetch_files is None:
+        return ()
+    if not isinstance(fetch_files, list | tuple):
+        raise InvalidRequest("fetch_files must be a list of paths")
+    if len(fetch_files) > protocol.MAX_FILES:
+        raise InvalidRequest(
+            f"fetch_files holds {len(fetch_files)} paths; at most {protocol.MAX_FILES}"
+        )
+    return tuple(_path("fetch_files", path) for path in fetch_files)
+
+
 def _validate(
-    url: object, code: object, stdin: object, run_timeout: object, memory_limit_mb: object
+    url: object,
+    code: object,
+    stdin: object,
+    run_timeout: float,
+    memory_limit_mb: object,
+    files: object,
+    fetch_files: object,
 ) -> Case:
     guest = guest_for(url, memory_limit_mb)  # type: ignore[arg-type]
     return Case(
         guest=guest,
         code=_encode("code", code, MAX_CODE_BYTES),
         stdin=b"" if stdin is None else _encode("stdin", stdin, MAX_STDIN_BYTES),
-        run_timeout=_timeout("run_timeout", run_timeout),
+        run_timeout=run_timeout,
+        files=_files(files),
+        fetch=_fetch(fetch_files),
     )
 
 
@@ -225,7 +288,26 @@ class _Janitor:
 _janitor = _Janitor()
 
 
-def _run_case(path: str, case: Case) -> Response:
+def _write_case(case_dir: str, case: Case) -> None:
+    """The case directory the guest mounts (see guest/protocol.py): the request's paths are
+    data in it, never paths on the host."""
+    with open(os.path.join(case_dir, protocol.SOLUTION), "wb") as f:
+        f.write(case.code)
+    with open(os.path.join(case_dir, protocol.STDIN), "wb") as f:
+        f.write(case.stdin)
+    if case.files or case.fetch:
+        for index, (_, data) in enumerate(case.files):
+            with open(os.path.join(case_dir, protocol.file_name(index)), "wb") as f:
+                f.write(data)
+        manifest = {
+            "write": [[path, index] for index, (path, _) in enumerate(case.files)],
+            "fetch": list(case.fetch),
+        }
+        with open(os.path.join(case_dir, protocol.FILES), "w") as f:
+            json.dump(manifest, f)
+
+
+def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response:
     startup_timeout = _startup_timeout()
     case_dir = tempfile.mkdtemp(prefix="verl-hyperlight-")
     _janitor.tell(b"+", case_dir)
@@ -234,10 +316,7 @@ def _run_case(path: str, case: Case) -> Response:
     parent, name = os.path.split(case_dir)
     mount = f"{name if ':' in case_dir else case_dir}:{CASE_MOUNT}:ro"
     try:
-        with open(os.path.join(case_dir, "solution.py"), "wb") as f:
-            f.write(case.code)
-        with open(os.path.join(case_dir, "stdin"), "wb") as f:
-            f.write(case.stdin)
+        _write_case(case_dir, case)
         for attempt in (1, 2):
             _warmup.ensure_ready(path, case.guest)
             nonce = secrets.token_hex(16)
@@ -250,9 +329,15 @@ def _run_case(path: str, case: Case) -> Response:
                 "--exec",
                 workload_code(CASE_MOUNT, nonce),
             ]
-            outcome = _hluk.run(argv, nonce, case.run_timeout, startup_timeout, cwd=parent)
+            outcome = _hluk.run(
+                argv, nonce, case.run_timeout, startup_timeout, cwd=parent, cancel=cancel
+            )
             if outcome.ending.is_the_solutions:
-                return from_outcome(outcome, case.run_timeout)
+                return from_outcome(outcome, case.run_timeout, case.fetch)
+            if outcome.ending is Ending.REFUSED:
+                raise Refused(outcome.refusal)
+            if outcome.ending is Ending.CANCELLED:
+                raise Refused("the case was cancelled before it ended")
             failure = _hluk.failure(outcome, path)
             if outcome.started or attempt == 2:
                 raise failure
@@ -276,10 +361,19 @@ def run_code(
     run_timeout: float | None,
     memory_limit_mb: int | None,
     language: str = "python",
+    *,
+    files: dict[str, str | None] | None = None,
+    fetch_files: list[str] | None = None,
+    cancel: threading.Event | None = None,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """Run `code` on `stdin` in a fresh micro-VM, with the arguments and return shape of
     verl's ``call_sandbox_api``: ``(response, None)`` with Sandbox Fusion's response, or
-    ``(None, error)`` for a request that cannot be run as given."""
+    ``(None, error)`` for a request that cannot be run as given.
+
+    As the service's request does, `files` maps paths to base64 content written (in the
+    micro-VM only) relative to the solution's directory before it starts, and `fetch_files`
+    names files returned base64 in the response's ``files`` once it has ended. Setting
+    `cancel` stops the case: its micro-VM is killed and it is answered SandboxError."""
     del compile_timeout  # Python has no compile step.
     try:
         if language != "python":
@@ -290,10 +384,17 @@ def run_code(
                 failures.record("language", message, "those cases score -1")
                 return sandbox_error(message), None
             raise InvalidRequest(f"unknown language {language!r}")
-        case = _validate(sandbox_fusion_url, code, stdin, run_timeout, memory_limit_mb)
-        return _run_case(_hluk.hluk_path(), case), None
+        timeout = _timeout("run_timeout", run_timeout)
+        case = _validate(
+            sandbox_fusion_url, code, stdin, timeout, memory_limit_mb, files, fetch_files
+        )
+        if timeout <= 0:
+            return time_limit_exceeded(), None  # as the service answers it, at once
+        return _run_case(_hluk.hluk_path(), case, cancel), None
     except InvalidRequest as exc:
         return None, f"Invalid request: {exc}"
+    except Refused as exc:
+        return sandbox_error(str(exc)), None
     except BackendError as exc:
         failures.backend(exc)
         return sandbox_error(str(exc)), None

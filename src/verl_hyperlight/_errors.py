@@ -9,6 +9,12 @@ class InvalidRequest(HyperlightError):
     """The request cannot be run as given (a bad URL, argument type or limit)."""
 
 
+class Refused(HyperlightError):
+    """The request cannot run as asked in a way Sandbox Fusion answers with a SandboxError (bad
+    base64 in `files`, a file the guest cannot write), or its caller cancelled it: no failure
+    of the backend, and nothing to log or retry."""
+
+
 class BackendError(HyperlightError):
     """hluk or the micro-VM failed; the message says what an operator should do.
 

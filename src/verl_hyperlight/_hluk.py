@@ -24,6 +24,7 @@ import selectors
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,6 +96,10 @@ class Ending(enum.Enum):
     BROKEN = "broken"
     # Failures of the backend, answered as SandboxError; retried once when nothing of the
     # solution ran.
+    # Neither: the case was not run as asked (a request file the guest cannot write), or its
+    # caller cancelled it. Answered as SandboxError, neither retried nor logged as failures.
+    REFUSED = "refused"
+    CANCELLED = "cancelled"
     NOT_STARTED = "not-started"  # hluk exited before the solution started
     STARTUP_TIMEOUT = "startup-timeout"  # the solution did not start within its deadline
     HLUK_FAILED = "hluk-failed"  # hluk's own error (an `error:` line, a panic) after the start
@@ -128,12 +133,14 @@ class RawOutcome:
     end: protocol.End | None  # the runner's report of the solution's end
     stdout: memoryview  # the output copied out (whole when FINISHED)
     stderr: memoryview
+    fetched: dict[int, memoryview]  # the fetched files copied out, by their index
     hluk_status: int | None  # hluk's exit status (-N: killed by signal N); None if stopped
     hluk_error: str  # hluk's final `error:` line, or its panic, else ""
     hluk_stderr: str  # the end of hluk's stderr, as hluk wrote it
     # The end of the console text before the start: the driver's and the runner's own, never
     # the solution's.
     preamble: bytes
+    refusal: str  # why the runner refused the case (REFUSED)
     restored: bool | None  # hluk's `restored=` log line, when run with --log-level info
     host_elapsed: float  # from the start frame (or the spawn) to the end frame or the stop
     limit: float  # the seconds of the deadline the run was held to last
@@ -288,9 +295,11 @@ class _Console:
         self.marker = b"\n" + self.nonce + b" "
         self.total = 0
         self.started = False
+        self.refusal: str | None = None
         self.end: protocol.End | None = None
         self.done = False
         self.outputs: dict[str, _Output] = {}
+        self.files: dict[int, _Output] = {}
         # Unscanned text that may begin a marker stays at the head of the buffer (_kept bytes)
         # and the next read lands after it.
         self._buffer = bytearray(READ_SIZE + len(self.marker))
@@ -359,6 +368,8 @@ class _Console:
         kind = bytes(line if space < 0 else line[:space])
         if kind == protocol.START:
             self.started = True
+        elif kind == protocol.REFUSED and not self.started and self.refusal is None:
+            self.refusal = _base64_text(line[space + 1 :]) if space >= 0 else ""
         elif not self.started or self.done:
             return
         elif kind == protocol.END and self.end is None:
@@ -368,11 +379,19 @@ class _Console:
                 return  # not the runner's: a frame a solution forged
             for name, size in zip(("stdout", "stderr"), self.end.sizes, strict=True):
                 self.outputs[name] = _Output(size)
+            for index, size in enumerate(self.end.files):
+                if size >= 0:
+                    self.files[index] = _Output(size)
         elif kind in protocol.STREAMS and self.end is not None and space >= 0:
-            payload = line[space + 1 :]
-            if _BASE64.fullmatch(payload) is None:
-                return  # not the runner's
-            self.outputs[protocol.STREAMS[kind]].add(binascii.a2b_base64(payload))
+            data = _base64(line[space + 1 :])
+            if data is not None:
+                self.outputs[protocol.STREAMS[kind]].add(data)
+        elif kind == protocol.FILE and self.end is not None and space >= 0:
+            index_and_data = bytes(line[space + 1 : space + 16]).split(b" ", 1)[0]
+            output = self.files.get(int(index_and_data)) if index_and_data.isdigit() else None
+            data = _base64(line[space + 2 + len(index_and_data) :])
+            if output is not None and data is not None:
+                output.add(data)
         elif kind == protocol.DONE and self.end is not None:
             self.done = True
 
@@ -386,6 +405,16 @@ class _Console:
         self._kept = 0
         # The \r of the console's \r\n before the start frame is the console's, not text.
         return bytes(self._preamble).replace(b"\r\n", b"\n").removesuffix(b"\r")
+
+
+def _base64(text: memoryview) -> bytes | None:
+    """What a frame's base64 field holds; None if it is not base64 (not the runner's)."""
+    return binascii.a2b_base64(text) if _BASE64.fullmatch(text) is not None else None
+
+
+def _base64_text(text: memoryview) -> str:
+    data = _base64(text)
+    return "" if data is None else data.decode(errors="replace")
 
 
 class _Tail:
@@ -477,10 +506,11 @@ def run(
     run_timeout: float,
     startup_timeout: float,
     cwd: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> RawOutcome:
     """Run hluk with `argv` (in `cwd`) until the runner reports the case done, the solution
     exceeds `run_timeout` (counted from its start in the guest to its end, never the copy-out),
-    or nothing starts within `startup_timeout`."""
+    nothing starts within `startup_timeout`, or `cancel` is set."""
     proc = _spawn(argv, cwd)
     spawned = time.monotonic()
     console = _Console(nonce)
@@ -511,11 +541,12 @@ def run(
                             else Ending.COPY_OUT_TIMEOUT
                         )
                     break
-                wait = (
-                    deadline - now
-                    if exit_fd is not None
-                    else min(deadline - now, EXIT_POLL_SECONDS)
-                )
+                if cancel is not None and cancel.is_set():
+                    stopped = Ending.CANCELLED
+                    break
+                wait = deadline - now
+                if exit_fd is None or cancel is not None:
+                    wait = min(wait, EXIT_POLL_SECONDS)
                 for key, _ in selector.select(wait):
                     if key.fileobj == exit_fd:
                         selector.unregister(exit_fd)
@@ -545,6 +576,8 @@ def run(
                 if console.total > CONSOLE_LIMIT and not console.done:
                     stopped = Ending.CONSOLE_LIMIT
                     break
+                if console.refusal is not None:
+                    break
         finally:
             # Whatever ended the loop, nothing of this group outlives the call.
             _kill_group(proc)
@@ -562,10 +595,12 @@ def run(
         end=console.end,
         stdout=console.stream("stdout"),
         stderr=console.stream("stderr"),
+        fetched={index: output.view() for index, output in console.files.items()},
         hluk_status=hluk_status,
         hluk_error=hluk_error,
         hluk_stderr=hluk_stderr,
         preamble=console.preamble(),
+        refusal=console.refusal or "",
         restored=restored[-1] == "true" if restored else None,
         host_elapsed=finished - (started_at if started_at is not None else spawned),
         limit=limit,
@@ -578,6 +613,8 @@ def _decide(
     """How the run ended: the one place that decides it."""
     if console.done:
         return Ending.FINISHED  # the runner's whole report, whatever hluk did after it
+    if console.refusal is not None:
+        return Ending.REFUSED
     if stopped is Ending.CONSOLE_LIMIT and not console.started:
         return Ending.NOT_STARTED  # a flood before the start is hluk's or its driver's
     if stopped is not None:

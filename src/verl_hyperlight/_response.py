@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from ._hluk import Ending, RawOutcome
-from .guest.protocol import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
+from .guest.protocol import FILE_LEFT_OUT, FILES_OUT_LIMIT, OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
 
 Response = dict[str, Any]
 
@@ -19,15 +20,52 @@ def _decode(data: memoryview) -> str:
         return f"[DecodeError] {exc}"
 
 
-def _response(status: str, message: str, run_result: dict[str, Any] | None) -> Response:
+def _response(
+    status: str,
+    message: str,
+    run_result: dict[str, Any] | None,
+    files: dict[str, str] | None = None,
+) -> Response:
     return {
         "status": status,
         "message": message,
         "compile_result": None,
         "run_result": run_result,
         "executor_pod_name": None,
-        "files": {},
+        "files": files or {},
     }
+
+
+def time_limit_exceeded() -> Response:
+    """A run_timeout of zero or less, answered as the service answers it: at once."""
+    run = {
+        "status": "TimeLimitExceeded",
+        "execution_time": 0.0,
+        "return_code": None,
+        "stdout": "",
+        "stderr": "",
+    }
+    return _response("Failed", "", run)
+
+
+def _fetched(outcome: RawOutcome, fetch: tuple[str, ...]) -> tuple[dict[str, str], str]:
+    """The fetched files, base64 under the paths the request named (those missing left out,
+    as the service leaves them out), and a message naming those past the limit."""
+    files = {
+        fetch[index]: base64.b64encode(data).decode("ascii")
+        for index, data in outcome.fetched.items()
+    }
+    assert outcome.end is not None
+    left_out = [
+        fetch[index] for index, size in enumerate(outcome.end.files) if size == FILE_LEFT_OUT
+    ]
+    message = ""
+    if left_out:
+        message = (
+            f"fetch_files: {len(left_out)} left out, past {FILES_OUT_LIMIT // (1024 * 1024)} "
+            f"MiB in all: {', '.join(left_out)[:1000]}"
+        )
+    return files, message
 
 
 def sandbox_error(message: str) -> Response:
@@ -35,8 +73,9 @@ def sandbox_error(message: str) -> Response:
     return _response("SandboxError", message, None)
 
 
-def from_outcome(outcome: RawOutcome, run_timeout: float) -> Response:
-    """The response for a run that the solution's own doing ended."""
+def from_outcome(outcome: RawOutcome, run_timeout: float, fetch: tuple[str, ...] = ()) -> Response:
+    """The response for a run that the solution's own doing ended; the files of `fetch` that
+    the runner copied out come back in its ``files``."""
     ending = outcome.ending
     if ending in (Ending.TIMED_OUT, Ending.DEADLOCKED):
         # A guest whose every thread blocks forever would run to its timeout under Sandbox
@@ -52,9 +91,12 @@ def from_outcome(outcome: RawOutcome, run_timeout: float) -> Response:
     stdout = _decode(outcome.stdout)
     stderr = _decode(outcome.stderr)
     elapsed = outcome.host_elapsed
+    files: dict[str, str] = {}
+    message = ""
     if ending is Ending.FINISHED:
         assert outcome.end is not None
         status, elapsed = outcome.end.status, outcome.end.elapsed
+        files, message = _fetched(outcome, fetch)
         if outcome.end.limit_hit:
             stderr += (
                 f"\nverl-hyperlight: the solution's {outcome.end.limit_hit} exceeded "
@@ -88,4 +130,4 @@ def from_outcome(outcome: RawOutcome, run_timeout: float) -> Response:
         "stdout": stdout,
         "stderr": stderr,
     }
-    return _response("Failed" if status != 0 else "Success", "", run)
+    return _response("Failed" if status != 0 else "Success", message, run, files)

@@ -1,9 +1,12 @@
-"""The verl-hyperlight command: prepare a node, or run one case by hand."""
+"""The verl-hyperlight command: prepare a node, run one case by hand, or serve Sandbox
+Fusion's HTTP API."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -41,7 +44,60 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--url", default="hyperlight://", help="sandbox URL")
     run.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds")
     run.add_argument("--memory-limit-mb", type=int, default=1024)
+    serve = commands.add_parser(
+        "serve",
+        help="answer Sandbox Fusion's HTTP API (POST /run_code) from micro-VMs",
+        description="Serve Sandbox Fusion's API (POST /run_code, GET /v1/ping) from this "
+        "node's micro-VMs, plus GET /readyz and /metrics. Needs the serve extra: pip install "
+        "'verl-hyperlight[serve]'. The API has no authentication of its own: it binds the "
+        "loopback address unless told otherwise; VERL_HYPERLIGHT_TOKEN, when set, is a bearer "
+        "token every /run_code request must carry.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="port (8080)")
+    serve.add_argument("--url", default="hyperlight://", help="sandbox URL the cases run with")
+    serve.add_argument(
+        "--max-concurrent",
+        type=_positive_int,
+        default=None,
+        help="micro-VMs at once (default: the CPUs this process may use)",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=_positive_int,
+        default=None,
+        help="requests that may wait for a micro-VM (default: 8 x max-concurrent)",
+    )
+    serve.add_argument(
+        "--max-wait",
+        type=float,
+        default=5.0,
+        help="seconds a request waits for a micro-VM before HTTP 504 (default 5; never more "
+        "than its compile_timeout + 5)",
+    )
+    serve.add_argument(
+        "--max-body-mb", type=_positive_int, default=64, help="largest request body (64 MiB)"
+    )
+    serve.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds in-flight cases get to finish on SIGTERM (default 30)",
+    )
+    serve.add_argument(
+        "--memory-limit-mb",
+        type=int,
+        default=1024,
+        help="the memory limit whose guest is warmed up at start (verl's default, 1024)",
+    )
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
 
 
 def _text(data: bytes, name: str) -> str:
@@ -85,5 +141,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(json.dumps(response, indent=2))
         return 0 if response and response["status"] != "SandboxError" else 1
+    if args.command == "serve":
+        return _serve(args)
     parser.print_help()
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from . import serve
+    except ImportError as exc:
+        print(
+            f"verl-hyperlight: serve needs its extra ({exc.name} is missing): "
+            "pip install 'verl-hyperlight[serve]'",
+            file=sys.stderr,
+        )
+        return 1
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    defaults = serve.Settings()
+    settings = serve.Settings(
+        url=args.url,
+        max_concurrent=args.max_concurrent or defaults.max_concurrent,
+        max_queue=args.max_queue,
+        max_wait=args.max_wait,
+        max_body_bytes=args.max_body_mb * 1024 * 1024,
+        grace=args.grace,
+        warm_up_memory_mb=args.memory_limit_mb,
+        token=os.environ.get("VERL_HYPERLIGHT_TOKEN") or None,
+    )
+    serve.serve(settings, args.host, args.port)
     return 0

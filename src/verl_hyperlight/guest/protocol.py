@@ -1,20 +1,29 @@
-"""The frames the guest runner writes on the console and the host reads: their one definition.
+"""What passes between the host and the guest runner: its one definition.
 
-hluk's console is a terminal the guest shares with whatever else prints there (hluk's driver,
-a solution writing to the console around its streams), so the runner's reports are lines of
-their own, marked with a nonce the host chose for the case:
+Into the guest, a case directory (mounted read-only) holds the solution (SOLUTION), its input
+(STDIN) and, when the request has files to write or fetch, FILES: a JSON object
+{"write": [[path, index], ...], "fetch": [path, ...]}, each file to write in file_name(index).
+Paths are the request's, and only the guest resolves them.
 
-    \\n<nonce> start\\n                              the solution starts: run_timeout runs from here
-    \\n<nonce> end STATUS ELAPSED LIMIT OUT ERR\\n     the solution has ended: its exit status, its
-                                                   wall time, the stream that passed the output
-                                                   limit (or -), and the sizes of the output
-                                                   copied out next; the host's clock stops here
-    \\n<nonce> stdout BASE64\\n, \\n<nonce> stderr BASE64\\n
-                                                   the output, in chunks of at most CHUNK bytes
-    \\n<nonce> done\\n                               the output is complete
+Out of the guest, hluk's console is a terminal the guest shares with whatever else prints there
+(hluk's driver, a solution writing to the console around its streams), so the runner's reports
+are lines of their own, marked with a nonce the host chose for the case:
+
+    <nonce> refused BASE64      the case cannot run as asked (a request file that cannot be
+                                written), and why; it comes instead of start
+    <nonce> start               the solution starts: run_timeout runs from here
+    <nonce> end STATUS ELAPSED LIMIT OUT ERR FILES
+                                the solution has ended: its exit status, its wall time, the
+                                stream that passed the output limit (or -), the sizes of the
+                                output copied out next, and of each file to fetch (comma-
+                                separated sizes or FILE_* values; - when none are asked for);
+                                the host's clock stops here
+    <nonce> stdout BASE64, <nonce> stderr BASE64, <nonce> file INDEX BASE64
+                                the output and the fetched files, in chunks of at most CHUNK
+    <nonce> done                the output is complete
 
 This module is loaded into the guest with the runner (it uses nothing outside the standard
-library) and imported by the host's parser, so both sides read the same definitions.
+library) and imported by the host, so both sides read the same definitions.
 """
 
 from __future__ import annotations
@@ -29,14 +38,28 @@ OUTPUT_LIMIT_STATUS = 153
 # Output bytes per frame: its base64 line (44 KiB) fits one hluk host call (64 KiB), so each
 # frame is one console write, and the host never holds more than a frame of undecoded text.
 CHUNK = 32 * 1024
+# What a request may move through files, decoded: in, all its files together; out, all the
+# fetched files together (one past it, and those after it, are left out); and how many of each.
+FILES_IN_LIMIT = 32 * 1024 * 1024
+FILES_OUT_LIMIT = 16 * 1024 * 1024
+MAX_FILES = 1000
+# What became of a file to fetch, instead of its size.
+FILE_MISSING = -1  # not a regular file in the guest
+FILE_LEFT_OUT = -2  # past FILES_OUT_LIMIT
 
+SOLUTION = "solution.py"
+STDIN = "stdin"
+FILES = "files.json"
+
+REFUSED = b"refused"
 START = b"start"
 END = b"end"
 STDOUT = b"stdout"
 STDERR = b"stderr"
+FILE = b"file"
 DONE = b"done"
 STREAMS = {STDOUT: "stdout", STDERR: "stderr"}
-# The longest line a frame makes: an output frame (nonce, kind and base64 of a full chunk).
+# The longest line a frame makes: a file frame (nonce, kind, index and base64 of a full chunk).
 MAX_FRAME_LINE = 128 + (CHUNK + 2) // 3 * 4
 
 
@@ -48,6 +71,12 @@ class End:
     elapsed: float
     limit_hit: str | None  # "stdout" or "stderr" when one passed OUTPUT_LIMIT
     sizes: tuple[int, int]  # the bytes of stdout and stderr that follow
+    files: tuple[int, ...] = ()  # of each file to fetch: its bytes that follow, or a FILE_*
+
+
+def file_name(index: int) -> str:
+    """The case directory's name for the request's file `index`."""
+    return f"file-{index}"
 
 
 def frame(nonce: bytes, kind: bytes, *fields: bytes) -> bytes:
@@ -62,17 +91,23 @@ def end_fields(end: End) -> tuple[bytes, ...]:
         (end.limit_hit or "-").encode("ascii"),
         b"%d" % end.sizes[0],
         b"%d" % end.sizes[1],
+        b",".join(b"%d" % size for size in end.files) or b"-",
     )
 
 
 def parse_end(fields: list[bytes]) -> End:
     """The End an end frame's fields describe; ValueError if they are not the runner's."""
-    if len(fields) != 5:
-        raise ValueError("an end frame has five fields")
+    if len(fields) != 6:
+        raise ValueError("an end frame has six fields")
     limit = fields[2].decode("ascii")
     if limit not in ("-", "stdout", "stderr"):
         raise ValueError(f"unknown stream {limit!r}")
     sizes = (int(fields[3]), int(fields[4]))
     if not all(0 <= size <= OUTPUT_LIMIT for size in sizes):
         raise ValueError("an output size beyond the limit")
-    return End(int(fields[0]), float(fields[1]), None if limit == "-" else limit, sizes)
+    files = () if fields[5] == b"-" else tuple(int(size) for size in fields[5].split(b","))
+    if len(files) > MAX_FILES or not all(size >= FILE_LEFT_OUT for size in files):
+        raise ValueError("not the files of a request")
+    if sum(size for size in files if size > 0) > FILES_OUT_LIMIT:
+        raise ValueError("fetched files beyond the limit")
+    return End(int(fields[0]), float(fields[1]), None if limit == "-" else limit, sizes, files)

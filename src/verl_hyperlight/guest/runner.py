@@ -32,8 +32,10 @@ import builtins
 import gc
 import importlib
 import io
+import json
 import operator
 import os
+import stat
 import sys
 import threading
 import time
@@ -71,6 +73,7 @@ _os_open = os.open
 _os_close = os.close
 _os_fstat = os.fstat
 _os_pread = os.pread
+_path_join = os.path.join
 _b2a_base64 = binascii.b2a_base64
 _builtin_open = builtins.open
 _monotonic = time.monotonic
@@ -127,6 +130,8 @@ class _Case:
         # descriptor, by any process, whatever it did to their paths.
         self.outputs: dict[str, int] = {}
         self.output_ids: dict[tuple[int, int], str] = {}
+        # The request's files to fetch once the solution has ended.
+        self.fetch: list[str] = []
         # Held by the one thread that reports the case, and never released: a thread that ends
         # the solution after that (os._exit in a daemon thread while the main thread copies the
         # output out) waits here until the micro-VM is gone.
@@ -147,6 +152,36 @@ class _Case:
     def output_size(self, name: str) -> int:
         return _os_fstat(self.outputs[name]).st_size
 
+    def open_fetched(self) -> list[tuple[int | None, int]]:
+        """Each file to fetch: a descriptor and its size, or None and what became of it.
+        Only regular files are read (a FIFO the solution left there would block), found as
+        the service finds them: joined to the solution's directory."""
+        found: list[tuple[int | None, int]] = []
+        total = 0
+        for path in self.fetch:
+            fd, size = None, protocol.FILE_MISSING
+            try:
+                fd = _os_open(_path_join(WORK_DIR, path), os.O_RDONLY | os.O_NONBLOCK)
+                info = _os_fstat(fd)
+                if stat.S_ISREG(info.st_mode):
+                    size = info.st_size
+            except (OSError, ValueError):
+                pass
+            if size >= 0 and total + size > protocol.FILES_OUT_LIMIT:
+                total = protocol.FILES_OUT_LIMIT + 1  # this one and every later one
+                size = protocol.FILE_LEFT_OUT
+            if size < 0 and fd is not None:
+                _os_close(fd)
+                fd = None
+            total += max(size, 0)
+            found.append((fd, size))
+        return found
+
+    def copy_out(self, kind: bytes, fd: int, size: int, *fields: bytes) -> None:
+        for offset in range(0, size, protocol.CHUNK):
+            chunk = _os_pread(fd, min(protocol.CHUNK, size - offset), offset)
+            self.frame(kind, *fields, _b2a_base64(chunk, newline=False))
+
     def finish(self, status: int, limit_hit: str | None = None) -> None:
         """Report the solution's end, then copy its output out; only the first call reports,
         any later one waits for the micro-VM to end."""
@@ -161,13 +196,15 @@ class _Case:
             if limit_hit is not None:
                 status = protocol.OUTPUT_LIMIT_STATUS
             kept = [min(sizes[name], protocol.OUTPUT_LIMIT) for name in OUTPUT_PATHS]
-            end = protocol.End(status, elapsed, limit_hit, (kept[0], kept[1]))
+            fetched = self.open_fetched()
+            files = tuple(size for _, size in fetched)
+            end = protocol.End(status, elapsed, limit_hit, (kept[0], kept[1]), files)
             self.frame(protocol.END, *protocol.end_fields(end))
-            for (name, fd), size in zip(self.outputs.items(), kept, strict=True):
-                kind = name.encode("ascii")
-                for offset in range(0, size, protocol.CHUNK):
-                    chunk = _os_pread(fd, min(protocol.CHUNK, size - offset), offset)
-                    self.frame(kind, _b2a_base64(chunk, newline=False))
+            for (name, output), size in zip(self.outputs.items(), kept, strict=True):
+                self.copy_out(name.encode("ascii"), output, size)
+            for index, (fetch, size) in enumerate(fetched):
+                if fetch is not None:
+                    self.copy_out(protocol.FILE, fetch, size, b"%d" % index)
             self.frame(protocol.DONE)
         except BaseException:
             # The solution broke what the report needs (closed the console or the output
@@ -540,11 +577,35 @@ def _std_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper
     return streams[0], streams[1], streams[2]
 
 
+def _write_request_files(case: _Case, case_dir: str) -> str | None:
+    """Write the request's files where the service writes them (joined to the solution's
+    directory, their directories made) and note those to fetch; why one cannot be, if so."""
+    manifest_path = os.path.join(case_dir, protocol.FILES)
+    if not os.path.exists(manifest_path):
+        return None
+    with _builtin_open(manifest_path, "rb") as f:
+        manifest = json.loads(f.read())
+    case.fetch = [str(path) for path in manifest["fetch"]]
+    for path, index in manifest["write"]:
+        target = os.path.join(WORK_DIR, path)
+        try:
+            directory = os.path.dirname(target)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+            with _builtin_open(os.path.join(case_dir, protocol.file_name(index)), "rb") as f:
+                data = f.read()
+            with _builtin_open(target, "wb") as f:
+                f.write(data)
+        except (OSError, ValueError) as exc:
+            return f"cannot write the request's file {path!r}: {exc}"
+    return None
+
+
 def _redirect_descriptors(case: _Case, case_dir: str) -> None:
     """stdin from the case's input file, stdout and stderr to files in guest memory, which the
     runner also opens for itself to copy them out from."""
     os.makedirs(OUTPUT_DIR, exist_ok=True)
-    opened = _os_open(os.path.join(case_dir, "stdin"), os.O_RDONLY)
+    opened = _os_open(os.path.join(case_dir, protocol.STDIN), os.O_RDONLY)
     os.dup2(opened, 0)
     _os_close(opened)
     for fd, (name, path) in enumerate(OUTPUT_PATHS.items(), start=1):
@@ -653,13 +714,18 @@ def main(case_dir: str, nonce: str) -> None:
     console = _os_dup(1)
     case = _Case(nonce, console)
     _case = case
+    os.makedirs(WORK_DIR, exist_ok=True)
+    refusal = _write_request_files(case, case_dir)
+    if refusal is not None:
+        case.frame(protocol.REFUSED, _b2a_base64(refusal.encode(), newline=False))
+        _os_close(console)
+        return
     saved = (sys.stdin, sys.stdout, sys.stderr, sys.modules["__main__"], sys.argv)
     saved_fds = [_os_dup(fd) for fd in (0, 1, 2)]
     saved_limit = _getrecursionlimit()
-
-    os.makedirs(WORK_DIR, exist_ok=True)
-    path = os.path.join(WORK_DIR, "solution.py")
-    with _builtin_open(os.path.join(case_dir, "solution.py"), "rb") as f:
+    # After the request's files: one of them named as the solution does not replace it.
+    path = os.path.join(WORK_DIR, protocol.SOLUTION)
+    with _builtin_open(os.path.join(case_dir, protocol.SOLUTION), "rb") as f:
         source = f.read()
     with _builtin_open(path, "wb") as f:
         f.write(source)

@@ -1,0 +1,509 @@
+"""`verl-hyperlight serve` over real HTTP: a server started as a subprocess on a free loopback
+port (tests/serving.py), with the stand-in hluk. Sandbox Fusion's contract (the response,
+`files` and `fetch_files`, its error statuses and bodies), admission (never more than N
+micro-VMs, 504 past the queue or the wait), a client that goes away, stopping, readiness,
+metrics and the access log."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hostside import Host, processes_with, wait_for
+from serving import Served
+
+Serve = Callable[..., Served]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def body(code: str, **fields: Any) -> dict[str, Any]:
+    return {"code": code, "language": "python", "run_timeout": 10, **fields}
+
+
+def metric(served: Served, name: str) -> float:
+    """The value of one sample of /metrics, by its name and labels (0 if absent)."""
+    for line in httpx.get(f"{served.base}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# the contract
+
+
+def test_ping_answers_pong_and_readiness_says_ready(serve: Serve) -> None:
+    served = serve()
+    assert httpx.get(f"{served.base}/v1/ping").json() == "pong"
+    ready = httpx.get(f"{served.base}/readyz")
+    assert (ready.status_code, ready.json()) == (200, {"ready": True, "reason": "ready"})
+
+
+def test_a_run_is_answered_with_the_services_response(serve: Serve) -> None:
+    served = serve()
+    reply = served.post(body("print(input()[::-1])", stdin="abc\n", unknown_key="ignored"))
+    assert reply.status_code == 200
+    assert reply.json() == {
+        "status": "Success",
+        "message": "",
+        "compile_result": None,
+        "run_result": {
+            "status": "Finished",
+            "execution_time": reply.json()["run_result"]["execution_time"],
+            "return_code": 0,
+            "stdout": "cba\n",
+            "stderr": "",
+        },
+        "executor_pod_name": None,
+        "files": {},
+    }
+
+
+def test_files_are_written_before_the_start_and_fetch_files_come_back(serve: Serve) -> None:
+    served = serve()
+    code = (
+        "print(open('data/in.txt').read(), open('/mnt/b').read(), end='')\n"
+        "open('out.txt', 'w').write('written by the solution')\n"
+    )
+    reply = served.post(
+        body(
+            code,
+            files={
+                "data/in.txt": b64(b"nested"),
+                "/mnt/b": b64(b"absolute"),
+                "skipped": None,
+                "IGNORE_THIS_FILE.txt": b64(b"never written"),
+            },
+            fetch_files=["out.txt", "/mnt/b", "missing.txt", "IGNORE_THIS_FILE.txt", "data"],
+        )
+    ).json()
+    assert reply["run_result"]["stdout"] == "nested absolute"
+    # What exists as a regular file comes back; what does not is left out, as the service
+    # leaves it out.
+    assert reply["files"] == {
+        "out.txt": b64(b"written by the solution"),
+        "/mnt/b": b64(b"absolute"),
+    }
+
+
+def test_hostile_paths_reach_only_the_guests_own_files(serve: Serve, tmp_path: Path) -> None:
+    served = serve()
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text(uuid.uuid4().hex)
+    escape = tmp_path / f"escaped-{uuid.uuid4().hex}"
+    depth = "../" * (len(Path.cwd().parts) + len(tmp_path.parts) + 4)
+    files = {
+        f"{depth}{str(escape).lstrip('/')}-dots": b64(b"x"),  # ../../ up to the host's root
+        f"{escape}-absolute": b64(b"x"),
+    }
+    code = f"import os\nos.symlink({str(secret)!r}, 'link')\n"
+    reply = served.post(
+        body(
+            code,
+            files=files,
+            fetch_files=[str(secret), f"{depth}{str(secret).lstrip('/')}", "link"],
+        )
+    ).json()
+    assert reply["status"] == "Success", reply
+    # Nothing of the request reached the host's file system, and nothing of the host's came
+    # back: the paths were the guest's (where the host's secret does not exist).
+    assert not list(tmp_path.glob("escaped-*"))
+    assert secret.read_text() not in json.dumps(reply)
+    assert reply["files"] == {}
+    assert served.case_dirs() == []
+
+
+def test_a_request_without_language_runs_as_python(serve: Serve) -> None:
+    served = serve()
+    reply = served.post({"code": "print('lenient')"}).json()
+    assert (reply["status"], reply["run_result"]["stdout"]) == ("Success", "lenient\n")
+
+
+def test_bad_base64_in_files_is_a_sandbox_error_with_status_200(serve: Serve) -> None:
+    served = serve()
+    reply = served.post(body("print(1)", files={"a.txt": "not base64!"}))
+    assert reply.status_code == 200
+    assert reply.json()["status"] == "SandboxError"
+    assert "a.txt" in reply.json()["message"] and "base64" in reply.json()["message"]
+
+
+def test_a_run_timeout_of_zero_is_a_time_limit_exceeded_at_once(serve: Serve) -> None:
+    served = serve()
+    reply = served.post(body("print(1)", run_timeout=0)).json()
+    assert (reply["status"], reply["run_result"]["status"]) == ("Failed", "TimeLimitExceeded")
+
+
+def test_another_language_is_a_sandbox_error_saying_python_only(serve: Serve) -> None:
+    served = serve()
+    reply = served.post(body("int main() {}", language="cpp"))
+    assert reply.status_code == 200
+    assert "runs Python only" in reply.json()["message"]
+
+
+def test_the_executor_pod_name_is_my_pod_name(serve: Serve) -> None:
+    served = serve(env={"MY_POD_NAME": "sandbox-7"})
+    assert served.post(body("pass")).json()["executor_pod_name"] == "sandbox-7"
+
+
+@pytest.mark.parametrize(
+    ("payload", "headers", "kind", "loc"),
+    [
+        (b"not json", {"content-type": "application/json"}, "json_invalid", ["body", 0]),
+        (b"", {"content-type": "application/json"}, "missing", ["body"]),
+        (b"[1, 2]", {"content-type": "application/json"}, "model_attributes_type", ["body"]),
+        (
+            b'{"language": "python"}',
+            {"content-type": "application/json"},
+            "missing",
+            ["body", "code"],
+        ),
+        (b'{"code": 123}', {"content-type": "application/json"}, "string_type", ["body", "code"]),
+        (
+            b'{"code": "x", "language": "cobol"}',
+            {"content-type": "application/json"},
+            "literal_error",
+            ["body", "language"],
+        ),
+        (
+            b'{"code": "x", "run_timeout": "abc"}',
+            {"content-type": "application/json"},
+            "float_parsing",
+            ["body", "run_timeout"],
+        ),
+        (
+            b'{"code": "x", "memory_limit_MB": 1.5}',
+            {"content-type": "application/json"},
+            "int_from_float",
+            ["body", "memory_limit_MB"],
+        ),
+        (b'{"code": "x"}', {}, "model_attributes_type", ["body"]),
+    ],
+    ids=lambda value: repr(value)[:30] if isinstance(value, bytes) else None,
+)
+def test_a_bad_request_gets_the_services_422(
+    serve: Serve, payload: bytes, headers: dict[str, str], kind: str, loc: list[Any]
+) -> None:
+    served = serve()
+    reply = httpx.post(served.run_code_url, content=payload, headers=headers)
+    assert reply.status_code == 422
+    [error] = reply.json()["detail"]
+    assert (error["type"], error["loc"]) == (kind, loc)
+
+
+def test_a_number_as_a_string_is_accepted_as_the_service_accepts_it(serve: Serve) -> None:
+    served = serve()
+    reply = served.post(body("print(1)", run_timeout="5")).json()
+    assert reply["status"] == "Success"
+
+
+def test_get_run_code_is_405(serve: Serve) -> None:
+    served = serve()
+    reply = httpx.get(served.run_code_url)
+    assert (reply.status_code, reply.json()) == (405, {"detail": "Method Not Allowed"})
+
+
+def test_a_body_over_the_limit_is_413_whether_or_not_it_says_its_length(serve: Serve) -> None:
+    served = serve("--max-body-mb", "1")
+    large = json.dumps(body("x = 1", stdin="y" * (2 * 1024 * 1024))).encode()
+    said = httpx.post(
+        served.run_code_url, content=large, headers={"content-type": "application/json"}
+    )
+    assert said.status_code == 413
+
+    def chunks() -> Iterator[bytes]:
+        for start in range(0, len(large), 64 * 1024):
+            yield large[start : start + 64 * 1024]
+
+    streamed = httpx.post(
+        served.run_code_url, content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert streamed.status_code == 413
+    assert served.post(body("print('small')")).json()["status"] == "Success"
+
+
+def test_a_token_when_set_is_required_on_run_code(serve: Serve) -> None:
+    served = serve(env={"VERL_HYPERLIGHT_TOKEN": "s3cret"})
+    assert served.post(body("print(1)")).status_code == 401
+    wrong = served.post(body("print(1)"), headers={"authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    right = served.post(body("print(1)"), headers={"authorization": "Bearer s3cret"})
+    assert (right.status_code, right.json()["status"]) == (200, "Success")
+    assert httpx.get(f"{served.base}/v1/ping").status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------
+# admission and load
+
+# An HLUK_PATH that counts the case runs going on at once (and the most at once) in a file, and
+# runs the stand-in.
+COUNTING_HLUK = """#!{python}
+import fcntl, json, subprocess, sys
+COUNT = {count!r}
+
+def add(delta):
+    with open(COUNT, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        now, most = json.loads(f.read() or "[0, 0]")
+        now += delta
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps([now, max(most, now)]))
+
+case = "--mount" in sys.argv
+if case:
+    add(1)
+try:
+    status = subprocess.call([{python!r}, "-I", "-S", {standin!r}, *sys.argv[1:]])
+finally:
+    if case:
+        add(-1)
+sys.exit(status)
+"""
+
+
+def test_never_more_than_max_concurrent_micro_vms_at_once(
+    serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import STANDIN
+
+    count = tmp_path / "count.json"
+    counting = tmp_path / "hluk"
+    counting.write_text(
+        COUNTING_HLUK.format(python=sys.executable, count=str(count), standin=str(STANDIN))
+    )
+    counting.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(counting))
+    served = serve("--max-concurrent", "2", "--max-wait", "60")
+    code = "import time\ntime.sleep(0.5)\nprint('done')"
+    with served.client() as client, ThreadPool(8) as pool:
+        replies = pool.map(lambda _: client.post("/run_code", json=body(code)).json(), range(8))
+    assert [reply["status"] for reply in replies] == ["Success"] * 8
+    assert json.loads(count.read_text()) == [0, 2]
+
+
+class ThreadPool:
+    """Calls at once from threads (a small context manager over concurrent.futures)."""
+
+    def __init__(self, size: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.executor = ThreadPoolExecutor(size)
+
+    def __enter__(self) -> ThreadPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.executor.shutdown()
+
+    def map(self, function: Callable[[int], Any], items: range) -> list[Any]:
+        return list(self.executor.map(function, items))
+
+
+def test_past_the_queue_or_the_wait_a_request_is_504_with_retry_after(serve: Serve) -> None:
+    served = serve("--max-concurrent", "1", "--max-queue", "1", "--max-wait", "1")
+    slow = body("import time\ntime.sleep(4)\nprint('slow')")
+    with served.client() as client, ThreadPool(3) as pool:
+        replies = pool.map(
+            lambda i: (time.sleep(0.3 * i), client.post("/run_code", json=slow))[1], range(3)
+        )
+    statuses = [reply.status_code for reply in replies]
+    # One runs; one waits its 1 s and is turned away; one finds the queue full at once.
+    assert sorted(statuses) == [200, 504, 504], statuses
+    for reply in replies:
+        if reply.status_code == 504:
+            assert reply.headers["retry-after"] == "1"
+            assert "busy" in reply.json()["detail"]
+    assert metric(served, 'verl_hyperlight_cases_total{status="rejected"}') == 2
+
+
+def test_waiting_is_never_charged_to_run_timeout(serve: Serve) -> None:
+    served = serve("--max-concurrent", "1", "--max-wait", "30")
+    first = body("import time\ntime.sleep(2)\nprint('first')", run_timeout=10)
+    second = body("print('second')", run_timeout=1)  # waits about 2 s for its micro-VM
+    with served.client() as client, ThreadPool(2) as pool:
+        replies = pool.map(
+            lambda i: (time.sleep(0.3 * i), client.post("/run_code", json=[first, second][i]))[1],
+            range(2),
+        )
+    assert [reply.json()["status"] for reply in replies] == ["Success", "Success"]
+
+
+def sleeper(marker: str, seconds: int) -> str:
+    return (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)  # {marker}'])\n"
+        f"time.sleep({seconds})\n"
+    )
+
+
+def test_a_client_that_goes_away_leaves_no_micro_vm_running(serve: Serve) -> None:
+    served = serve()
+    marker = uuid.uuid4().hex
+    with pytest.raises(httpx.ReadTimeout), httpx.Client(timeout=3) as client:
+        client.post(served.run_code_url, json=body(sleeper(marker, 60), run_timeout=60))
+    assert wait_for(lambda: not processes_with(marker)), processes_with(marker)
+    assert wait_for(lambda: not served.case_dirs()), served.case_dirs()
+    assert wait_for(lambda: metric(served, 'verl_hyperlight_cases_total{status="cancelled"}') == 1)
+    assert metric(served, "verl_hyperlight_cases_in_flight") == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# stopping
+
+# After its graceful shutdown uvicorn ends by the signal it was sent (as systemd expects of a
+# service it stopped), or with 0.
+STOPPED = (0, -signal.SIGTERM)
+
+
+def post_in_background(
+    served: Served, request: dict[str, Any]
+) -> tuple[threading.Thread, list[Any]]:
+    answer: list[Any] = []
+
+    def post() -> None:
+        try:
+            answer.append(served.post(request))
+        except httpx.HTTPError as exc:
+            answer.append(exc)
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    return thread, answer
+
+
+def test_sigterm_lets_in_flight_cases_finish_then_exits(serve: Serve) -> None:
+    served = serve("--grace", "20")
+    thread, answer = post_in_background(
+        served, body("import time\ntime.sleep(2)\nprint('finished')")
+    )
+    assert wait_for(lambda: metric(served, "verl_hyperlight_cases_in_flight") == 1)
+    assert served.stop(signal.SIGTERM) in STOPPED
+    thread.join()
+    assert answer[0].status_code == 200
+    assert answer[0].json()["run_result"]["stdout"] == "finished\n"
+    assert served.case_dirs() == []
+    assert "Application shutdown complete" in served.logged()
+
+
+def test_sigterm_past_the_grace_period_kills_what_is_left(serve: Serve) -> None:
+    served = serve("--grace", "1")
+    marker = uuid.uuid4().hex
+    thread, answer = post_in_background(served, body(sleeper(marker, 60), run_timeout=60))
+    assert wait_for(lambda: processes_with(marker))
+    assert served.stop(signal.SIGTERM, timeout=30) in STOPPED
+    thread.join()
+    # Answered as cancelled if the connection was still open, else closed: never run out.
+    if isinstance(answer[0], httpx.Response):
+        assert answer[0].json()["status"] == "SandboxError"
+        assert "cancelled" in answer[0].json()["message"]
+    assert wait_for(lambda: not processes_with(marker)), processes_with(marker)
+    assert served.case_dirs() == []
+    assert "cases in flight get 1 s to finish" in served.logged()
+
+
+# ---------------------------------------------------------------------------------------------
+# operations
+
+
+def test_metrics_count_cases_by_status_and_backend_failures_by_cause(
+    serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = serve()
+    served.post(body("print(1)"))
+    served.post(body("raise SystemExit(3)"))
+    httpx.post(served.run_code_url, json={"code": 1})
+    assert metric(served, 'verl_hyperlight_cases_total{status="Success"}') == 1
+    assert metric(served, 'verl_hyperlight_cases_total{status="Failed"}') == 1
+    assert metric(served, "verl_hyperlight_case_seconds_count") == 2
+    assert metric(served, "verl_hyperlight_cases_queued") == 0
+
+    fail = tmp_path / "fail"
+    fail.write_text("100")
+    broken = serve(
+        ready=False,
+        env={
+            "HLUK_STANDIN_FAIL_FILE": str(fail),
+            "HLUK_STANDIN_FAIL_MESSAGE": "failed to open /dev/kvm: Permission denied",
+            "HLUK_CACHE_DIR": str(tmp_path / "another-cache"),
+        },
+    )
+    assert broken.post(body("print(1)")).json()["status"] == "SandboxError"
+    assert metric(broken, 'verl_hyperlight_backend_failures_total{cause="kvm"}') >= 1
+
+
+def test_readiness_says_what_is_wrong_while_the_backend_fails(serve: Serve, tmp_path: Path) -> None:
+    fail = tmp_path / "fail"
+    fail.write_text("100")
+    served = serve(
+        ready=False,
+        env={
+            "HLUK_STANDIN_FAIL_FILE": str(fail),
+            "HLUK_STANDIN_FAIL_MESSAGE": "failed to open /dev/kvm: Permission denied",
+        },
+    )
+    deadline = time.monotonic() + 30
+    while (reply := httpx.get(f"{served.base}/readyz")).json()["reason"] == "warming up":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert reply.status_code == 503
+    assert "kvm group" in reply.json()["reason"]
+    assert httpx.get(f"{served.base}/v1/ping").status_code == 200  # alive, not ready
+    assert "not ready" in served.logged()
+
+
+def test_each_request_gets_one_access_log_line_with_its_request_id(serve: Serve) -> None:
+    served = serve()
+    reply = served.post(body("print(1)"), headers={"x-request-id": "trace-42"})
+    assert reply.headers["x-request-id"] == "trace-42"
+    generated = httpx.get(f"{served.base}/v1/ping").headers["x-request-id"]
+    lines = [line for line in served.logged().splitlines() if "verl_hyperlight.access" in line]
+    [traced] = [line for line in lines if "trace-42" in line]
+    assert '"POST /run_code" 200' in traced and "case=Success" in traced
+    assert any(generated in line and '"GET /v1/ping" 200' in line for line in lines)
+
+
+def test_the_plugin_and_run_code_never_import_the_servers_stack() -> None:
+    code = (
+        "import sys\nimport verl_hyperlight.plugin\nfrom verl_hyperlight import run_code\n"
+        "print(sorted({'fastapi', 'uvicorn', 'starlette', 'prometheus_client'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_serve_without_its_extra_says_how_to_install_it() -> None:
+    code = (
+        "import sys\nsys.modules['fastapi'] = None\n"
+        "from verl_hyperlight.cli import main\nsys.exit(main(['serve']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "pip install 'verl-hyperlight[serve]'" in done.stderr
+
+
+def test_listening_beyond_loopback_without_a_token_is_warned(serve: Serve) -> None:
+    served = serve("--host", "0.0.0.0", ready=False)
+    assert wait_for(lambda: "has no authentication" in served.logged()), served.logged()
+
+
+def test_host_fixture_is_what_the_server_runs(host: Host, serve: Serve) -> None:
+    served = serve()
+    served.post(body("print(1)"))
+    assert host.case_runs()  # the server's cases ran on the test's stand-in
+    assert os.environ["HLUK_CACHE_DIR"] == str(host.cache)
