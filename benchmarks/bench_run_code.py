@@ -73,10 +73,10 @@ def instant_hluk(scratch: Path) -> Path:
         "for last; do :; done\n"
         "nonce=${last%\\')}; nonce=${nonce##*\\'}\n"
         'case "$last" in\n'
-        "  *probe*) printf '\\r\\n%s start\\r\\n\\r\\n%s end 0 0.0 - 0 0\\r\\n"
+        "  *probe*) printf '\\r\\n%s start\\r\\n\\r\\n%s end 0 0.0 - 0 0 -\\r\\n"
         '\\r\\n%s done\\r\\n\' "$nonce" "$nonce" "$nonce" ;;\n'
         "  *main*) printf '\\r\\n%s start\\r\\n"
-        f"\\r\\n%s end 0 0.000100 - {len(EXPECTED)} 0\\r\\n\\r\\n%s stdout {encoded}\\r\\n"
+        f"\\r\\n%s end 0 0.000100 - {len(EXPECTED)} 0 -\\r\\n\\r\\n%s stdout {encoded}\\r\\n"
         '\\r\\n%s done\\r\\n\' "$nonce" "$nonce" "$nonce" "$nonce" ;;\n'
         "esac\n"
     )

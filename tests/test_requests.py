@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import math
 from typing import Any
 
@@ -43,10 +44,13 @@ def request_error(**overrides: Any) -> str:
         ({"stdin": 42}, "stdin must be a string, not int"),
         ({"stdin": b"1 2\n"}, "stdin must be a string, not bytes"),
         ({"stdin": "1 \udc80\n"}, "stdin is not valid Unicode text (surrogates not allowed"),
-        ({"run_timeout": 0}, "run_timeout must be a positive number of seconds, not 0"),
-        ({"run_timeout": -1}, "run_timeout must be a positive number of seconds, not -1"),
-        ({"run_timeout": math.nan}, "run_timeout must be a positive number of seconds, not nan"),
-        ({"run_timeout": math.inf}, "run_timeout must be a positive number of seconds, not inf"),
+        ({"run_timeout": math.nan}, "run_timeout must be a finite number of seconds, not nan"),
+        ({"run_timeout": math.inf}, "run_timeout must be a finite number of seconds, not inf"),
+        ({"files": ["a"]}, "files must map paths to base64 text or None"),
+        ({"files": {"a": 1}}, "files['a'] must be base64 text or None"),
+        ({"files": {"": "eA=="}}, "files paths must be strings of 1 to 4096 characters"),
+        ({"fetch_files": "a"}, "fetch_files must be a list of paths"),
+        ({"fetch_files": [None]}, "fetch_files paths must be strings of 1 to 4096 characters"),
         ({"run_timeout": True}, "run_timeout must be a number of seconds, not True"),
         ({"run_timeout": "5"}, "run_timeout must be a number of seconds, not '5'"),
         ({"memory_limit_mb": "1024"}, "memory_limit_mb must be a number or None, not '1024'"),
@@ -147,3 +151,24 @@ def test_a_temporary_directory_whose_path_holds_a_colon_still_runs_cases(
         "through a colon\n",
     )
     assert list(colon.iterdir()) == []  # removed as any case directory is
+
+
+@pytest.mark.parametrize("run_timeout", [0, -1, -0.5])
+def test_a_run_timeout_of_zero_or_less_is_time_limit_exceeded_at_once(
+    host: Host, run_timeout: float
+) -> None:
+    # As Sandbox Fusion answers it (its process is killed before it runs).
+    response = run("print('never')", run_timeout=run_timeout)
+    assert result(response) == ("Failed", "TimeLimitExceeded", None, "", "")
+    assert host.runs() == []
+
+
+def test_files_over_their_limit_are_an_invalid_request(host: Host) -> None:
+    from verl_hyperlight.guest import protocol
+
+    half = base64.b64encode(b"x" * (protocol.FILES_IN_LIMIT // 2 + 1)).decode()
+    error = request_error(files={"a": half, "b": half})
+    assert "files hold more than 32 MiB once decoded" in error
+    too_many = {f"f{i}": "" for i in range(protocol.MAX_FILES + 1)}
+    assert "at most 1000" in request_error(files=too_many)
+    assert "at most 1000" in request_error(fetch_files=["a"] * (protocol.MAX_FILES + 1))

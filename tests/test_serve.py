@@ -128,6 +128,33 @@ def test_hostile_paths_reach_only_the_guests_own_files(serve: Serve, tmp_path: P
     assert served.case_dirs() == []
 
 
+def test_a_file_the_guest_cannot_write_is_a_sandbox_error_before_the_run(serve: Serve) -> None:
+    served = serve()
+    # The case's own directory is mounted read-only in the guest.
+    reply = served.post(body("print('never ran')", files={"/case/x.txt": b64(b"x")})).json()
+    assert (reply["status"], reply["run_result"]) == ("SandboxError", None)
+    assert "cannot write the request's file '/case/x.txt'" in reply["message"]
+
+
+def test_only_regular_files_are_fetched(serve: Serve) -> None:
+    served = serve()
+    # A FIFO would block the reader; a directory is not a file: both are left out.
+    code = "import os\nos.mkfifo('pipe')\nos.mkdir('folder')\nopen('plain', 'w').write('ok')\n"
+    reply = served.post(body(code, fetch_files=["pipe", "folder", "plain"])).json()
+    assert reply["files"] == {"plain": b64(b"ok")}
+
+
+def test_fetched_files_past_their_limit_are_left_out_and_named(serve: Serve) -> None:
+    served = serve()
+    nine_mib = 9 * 1024 * 1024
+    code = f"for name in ('a.bin', 'b.bin'):\n    open(name, 'wb').write(b'z' * {nine_mib})\n"
+    reply = served.post(body(code, fetch_files=["a.bin", "b.bin"])).json()
+    assert reply["status"] == "Success"
+    assert list(reply["files"]) == ["a.bin"]
+    assert len(base64.b64decode(reply["files"]["a.bin"])) == nine_mib
+    assert "1 left out, past 16 MiB in all: b.bin" in reply["message"]
+
+
 def test_a_request_without_language_runs_as_python(serve: Serve) -> None:
     served = serve()
     reply = served.post({"code": "print('lenient')"}).json()

@@ -24,10 +24,10 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -147,7 +147,8 @@ class _Server:
         self.settings = settings
         self.metrics = _Metrics()
         self.slots = asyncio.Semaphore(settings.max_concurrent)
-        self.threads = anyio.CapacityLimiter(settings.max_concurrent)
+        self.executor = ThreadPoolExecutor(settings.max_concurrent, "verl-hyperlight-case")
+        self.checker = ThreadPoolExecutor(1, "verl-hyperlight-readiness")
         self.waiting = 0
         self.in_flight: set[threading.Event] = set()
         self.ready = False
@@ -176,7 +177,8 @@ class _Server:
 
     def start_check(self) -> asyncio.Future[None]:
         if self.check is None or self.check.done():
-            self.check = asyncio.ensure_future(anyio.to_thread.run_sync(self._check_backend))
+            loop = asyncio.get_running_loop()
+            self.check = loop.run_in_executor(self.checker, self._check_backend)
         return self.check
 
     async def readiness(self) -> tuple[bool, str]:
@@ -225,10 +227,13 @@ class _Server:
         self.in_flight.add(cancel)
         self.metrics.in_flight.inc()
         try:
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(_cancel_on_disconnect, request, cancel)
-                response, error = await anyio.to_thread.run_sync(call, limiter=self.threads)
-                tasks.cancel_scope.cancel()
+            watcher = asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
+            try:
+                response, error = await asyncio.get_running_loop().run_in_executor(
+                    self.executor, call
+                )
+            finally:
+                watcher.cancel()
             return response, error, cancel.is_set()
         finally:
             self.in_flight.discard(cancel)
