@@ -62,7 +62,12 @@ def test_hluk_path_naming_a_missing_file_says_how_to_install_hluk(
     monkeypatch.setenv("HLUK_PATH", str(tmp_path / "no" / "hluk"))
     message = sandbox_error(run("print(1)"))
     assert "hluk was not found at" in message
-    assert "install.sh" in message and "HLUK_PATH" in message
+    assert "HLUK_PATH" in message
+    # The installer's real line, which a user can run as it is.
+    assert (
+        "curl -fsSL https://raw.githubusercontent.com/hyperlight-dev/hyperlight-unikraft/main/"
+        "install.sh | sh" in message
+    )
 
 
 def test_hluk_path_naming_a_file_that_is_not_executable_says_chmod(

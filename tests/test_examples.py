@@ -5,6 +5,7 @@ it exists)."""
 from __future__ import annotations
 
 import configparser
+import json
 import re
 import shutil
 import subprocess
@@ -32,16 +33,38 @@ def test_the_kubernetes_example_is_a_deployment_and_a_service_of_the_server() ->
     assert set(kinds) == {"Deployment", "Service"}
     pod = kinds["Deployment"]["spec"]["template"]["spec"]
     [container] = pod["containers"]
-    assert container["command"][:2] == ["verl-hyperlight", "serve"]
+    command = container["command"]
+    assert command[:2] == ["verl-hyperlight", "serve"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/v1/ping"
     assert "devices.kubevirt.io/kvm" in container["resources"]["limits"]
     # The pod outlives the server's grace period, so cases in flight can finish.
-    assert pod["terminationGracePeriodSeconds"] > grace(container["command"])
-    port = next(a for a in container["command"] if a.startswith("--port=")).split("=")[1]
+    assert pod["terminationGracePeriodSeconds"] > grace(command)
+    port = next(a for a in command if a.startswith("--port=")).split("=")[1]
     assert container["ports"][0]["containerPort"] == int(port)
     service = kinds["Service"]["spec"]
     assert service["selector"] == kinds["Deployment"]["spec"]["selector"]["matchLabels"]
+
+
+def test_the_dockerfile_builds_the_server_from_this_checkout() -> None:
+    lines = (EXAMPLES / "Dockerfile").read_text().splitlines()
+    instructions = [line.split()[0] for line in lines if line and not line.startswith((" ", "#"))]
+    assert instructions[0] == "FROM" and instructions[-1] == "ENTRYPOINT"
+    assert set(instructions) <= {
+        "FROM",
+        "RUN",
+        "USER",
+        "WORKDIR",
+        "ENV",
+        "COPY",
+        "EXPOSE",
+        "ENTRYPOINT",
+    }
+    text = "\n".join(lines)
+    assert "raw.githubusercontent.com/hyperlight-dev/hyperlight-unikraft/main/install.sh" in text
+    assert "src[serve,cli]" in text  # this checkout, not a package of the same name elsewhere
+    entrypoint = json.loads(lines[-1].split(" ", 1)[1])
+    assert entrypoint[:2] == ["verl-hyperlight", "serve"]
 
 
 def unit() -> configparser.ConfigParser:

@@ -34,10 +34,11 @@ class Image:
     min_memory_mb: int
     label: str
     local_rootfs: str | None = None  # a root filesystem file of the user's (HLUK_INITRD)
+    default_memory_mb: int = 256  # hluk's --scratch-mb when none is given
 
 
 PYTHON = Image(("--runtime", "python"), 128, "the python image")
-AGENT = Image(("--runtime", "agent"), 720, "the agent image")
+AGENT = Image(("--runtime", "agent"), 720, "the agent image", default_memory_mb=1536)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ class Guest:
 
     image: Image
     scratch_mb: int | None
+
+    @property
+    def memory_mb(self) -> int:
+        """The micro-VM's memory."""
+        return self.scratch_mb if self.scratch_mb is not None else self.image.default_memory_mb
 
     def args(self) -> list[str]:
         """hluk run's guest arguments: image, memory and the warm-up code."""
@@ -75,11 +81,17 @@ def image_for(url: str) -> Image:
         return AGENT
     if "/" in name and not any(c.isspace() for c in name):
         repository = name.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
-        minimum = AGENT.min_memory_mb if repository == "agent" else PYTHON.min_memory_mb
-        return Image(("--runtime", name), minimum, f"image {name}")
+        like = AGENT if repository == "agent" else PYTHON
+        return Image(
+            ("--runtime", name),
+            like.min_memory_mb,
+            f"image {name}",
+            default_memory_mb=like.default_memory_mb,
+        )
     raise InvalidRequest(
         f"unsupported sandbox URL {url!r}: after hyperlight:// give nothing (the python image), "
-        "'agent', or a full image reference such as registry.example/org/python:tag"
+        "'agent', or a full image reference such as "
+        "ghcr.io/hyperlight-dev/hyperlight-unikraft/python:initrd-v0.19.0"
     )
 
 

@@ -34,10 +34,11 @@ from ._errors import BackendError
 from .guest import protocol
 
 MINIMUM_VERSION = (0, 19, 0)
-INSTALL_HINT = (
-    "install it (curl -fsSL https://raw.githubusercontent.com/hyperlight-dev/"
-    "hyperlight-unikraft/main/install.sh | sh) or set HLUK_PATH"
+INSTALL_COMMAND = (
+    "curl -fsSL https://raw.githubusercontent.com/hyperlight-dev/hyperlight-unikraft/main/"
+    "install.sh | sh"
 )
+INSTALL_HINT = f"install it ({INSTALL_COMMAND}) or set HLUK_PATH"
 # The console carries both streams base64-encoded, with framing; beyond this the guest is
 # misbehaving (writing to the console around the runner) and is stopped.
 CONSOLE_LIMIT = 2 * (protocol.OUTPUT_LIMIT * 4 // 3) + (1 << 20)

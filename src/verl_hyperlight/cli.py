@@ -4,11 +4,15 @@ Fusion's HTTP API."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 from . import __version__, _hluk, _warmup
 from ._api import run_code
@@ -44,12 +48,55 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--url", default="hyperlight://", help="sandbox URL")
     run.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds")
     run.add_argument("--memory-limit-mb", type=int, default=1024)
+    bench = commands.add_parser(
+        "bench",
+        help="measure how many micro-VMs this node runs well at once, and size max_concurrent",
+        description="Run representative cases (trivial; CPU-bound for about 50 ms; 1 MB of "
+        "output) at each concurrency level for --seconds each, and print per level cases/s, "
+        "p50 and p99 latency and the start-up share (the part of a case's latency outside the "
+        "solution); then recommend max_concurrent for --num-workers reward workers: the level "
+        "past which cases/s stops rising or p99 degrades, shared among them. Takes about "
+        "len(levels) x seconds.",
+    )
+    bench.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
+    bench.add_argument(
+        "--concurrency",
+        type=_levels,
+        default=None,
+        help="comma-separated levels (default 1,2,4,... up to twice the CPUs)",
+    )
+    bench.add_argument("--seconds", type=float, default=5.0, help="per level (default 5)")
+    bench.add_argument(
+        "--num-workers", type=_positive_int, default=8, help="verl's reward.num_workers (8)"
+    )
+    bench.add_argument("--memory-limit-mb", type=int, default=1024)
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    doctor = commands.add_parser(
+        "doctor",
+        help="check that this node can score code, and say what fixes it if not",
+        description="Check this node, one line per check (ok, warn or fail), each warn or fail "
+        "with the command or setting that fixes it: platform, hluk, /dev/kvm, hluk's cache, "
+        "the guest (its warm snapshot, and a real case end to end, which leaves the node warm), "
+        "setpriv, the sizing (with --max-concurrent and --num-workers) and verl's plugin "
+        "setup. Exits 0 only when nothing fails.",
+    )
+    doctor.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
+    doctor.add_argument(
+        "--memory-limit-mb", type=int, default=1024, help="verl's memory_limit_mb (default 1024)"
+    )
+    doctor.add_argument(
+        "--max-concurrent", type=_positive_int, help="verl's max_concurrent, to check the sizing"
+    )
+    doctor.add_argument(
+        "--num-workers", type=_positive_int, help="verl's reward.num_workers, with --max-concurrent"
+    )
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     serve = commands.add_parser(
         "serve",
         help="answer Sandbox Fusion's HTTP API (POST /run_code) from micro-VMs",
         description="Serve Sandbox Fusion's API (POST /run_code, GET /v1/ping) from this "
-        "node's micro-VMs, plus GET /readyz and /metrics. Needs the serve extra: pip install "
-        "'verl-hyperlight[serve]'. The API has no authentication of its own: it binds the "
+        "node's micro-VMs, plus GET /readyz and /metrics. Needs the serve extra "
+        f"({install_hint('serve')}). The API has no authentication of its own: it binds the "
         "loopback address unless told otherwise; VERL_HYPERLIGHT_TOKEN, when set, is a bearer "
         "token every /run_code request must carry.",
     )
@@ -93,11 +140,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers") from None
+    if not levels or levels[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: levels are positive numbers")
+    return levels
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number")
     return value
+
+
+def install_hint(extra: str) -> str:
+    """How to add an extra to this installation (pip then only adds the extra's packages)."""
+    return f"pip install 'verl-hyperlight[{extra}]'"
 
 
 def _text(data: bytes, name: str) -> str:
@@ -122,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "warm-up":
         try:
             guest = guest_for(args.url, args.memory_limit_mb)
-            warmth = _warmup.ensure_ready(_hluk.hluk_path(), guest)
+            with _progress(f"seeing {guest.image.label} warm (a pull and a boot if needed)"):
+                warmth = _warmup.ensure_ready(_hluk.hluk_path(), guest)
         except (InvalidRequest, BackendError) as exc:
             print(f"verl-hyperlight: {exc}", file=sys.stderr)
             return 1
@@ -143,8 +206,115 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if response and response["status"] != "SandboxError" else 1
     if args.command == "serve":
         return _serve(args)
+    if args.command == "doctor":
+        return _doctor(args)
+    if args.command == "bench":
+        return _bench(args)
     parser.print_help()
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    if args.seconds <= 0:
+        print("verl-hyperlight: --seconds must be positive", file=sys.stderr)
+        return 2
+    cpus = len(os.sched_getaffinity(0))
+    levels = args.concurrency or [2**i for i in range(8) if 2**i <= 2 * cpus]
+    try:
+        with _progress(f"warming up {args.url}", None):
+            bench.check(args.url, args.memory_limit_mb)
+    except (InvalidRequest, BackendError) as exc:
+        print(f"verl-hyperlight: {exc}", file=sys.stderr)
+        return 1
+    measured = []
+    for level in levels:
+        with _progress(f"concurrency {level}", args.seconds) as tick:
+            measured.append(
+                bench.measure(args.url, args.memory_limit_mb, level, args.seconds, tick)
+            )
+    advice = bench.recommend(measured, args.num_workers)
+    if args.json:
+        payload = {
+            "cpus": cpus,
+            "levels": [dataclasses.asdict(level) for level in measured],
+            "recommendation": dataclasses.asdict(advice),
+        }
+        print(json.dumps(payload, indent=2))
+        return 0
+    print(f"{cpus} CPUs; {args.seconds:g} s per level; cases: {', '.join(bench.CASES)}")
+    print("concurrency  cases/s   p50 ms   p99 ms  start-up  failed")
+    for level in measured:
+        print(
+            f"{level.concurrency:>11}{level.per_second:>9.1f}{level.p50_ms:>9.0f}"
+            f"{level.p99_ms:>9.0f}{level.startup_share:>10.0%}{level.failed:>8}"
+        )
+    print(
+        f"recommended: at most {advice.node_concurrency} at once on this node ({advice.why}); "
+        f"with reward.num_workers={args.num_workers}: max_concurrent={advice.max_concurrent}"
+    )
+    return 0
+
+
+@contextlib.contextmanager
+def _progress(what: str, seconds: float | None = None) -> Iterator[Callable[[], None]]:
+    """On a terminal (stderr), what is going on and for how long, refreshed as it goes: a bar
+    over `seconds` when the phase is timed, the time so far when it is not. Yields a callable
+    that counts a finished case. Nothing when stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        yield lambda: None
+        return
+    try:
+        from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
+    except ImportError:
+        print(f"{what} ({install_hint('cli')} to see it go)", file=sys.stderr)
+        yield lambda: None
+        return
+    timed = seconds is not None
+    layout = "{desc} {bar} {elapsed} {postfix}" if timed else "{desc} {elapsed} {postfix}"
+    bar = tqdm(total=seconds, desc=what, bar_format=layout, leave=False, file=sys.stderr)
+    cases = [0]
+    started = time.monotonic()
+    stop = threading.Event()
+
+    def refresh() -> None:
+        while not stop.wait(0.25):
+            if timed:
+                bar.n = min(time.monotonic() - started, seconds or 0.0)
+            bar.set_postfix_str(f"{cases[0]} cases" if cases[0] else "", refresh=False)
+            bar.refresh()
+
+    def tick() -> None:
+        cases[0] += 1
+
+    ticker = threading.Thread(target=refresh, daemon=True)
+    ticker.start()
+    try:
+        yield tick
+    finally:
+        stop.set()
+        ticker.join()
+        bar.close()
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from . import doctor
+
+    options = doctor.Options(
+        url=args.url,
+        memory_limit_mb=args.memory_limit_mb,
+        max_concurrent=args.max_concurrent,
+        num_workers=args.num_workers,
+    )
+    found = []
+    for check in doctor.checks(options):
+        found.append(check)
+        if not args.json:
+            print(doctor.render([check]), flush=True)
+    if args.json:
+        print(json.dumps(doctor.as_json(found), indent=2))
+    return 0 if all(check.status != "fail" for check in found) else 1
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -153,7 +323,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(
             f"verl-hyperlight: serve needs its extra ({exc.name} is missing): "
-            "pip install 'verl-hyperlight[serve]'",
+            f"{install_hint('serve')}",
             file=sys.stderr,
         )
         return 1

@@ -1,0 +1,121 @@
+"""`verl-hyperlight bench`: its table and recommendation on the stand-in, the recommendation's
+rule, and progress shown on a terminal only (warm-up's too)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+from hostside import Host
+
+from verl_hyperlight.bench import Level, recommend
+from verl_hyperlight.cli import main
+
+
+def level(concurrency: int, per_second: float, p99: float, failed: int = 0) -> Level:
+    return Level(concurrency, 100, per_second, p99 / 2, p99, 0.5, failed)
+
+
+def test_the_recommendation_is_the_level_past_which_throughput_stops_rising() -> None:
+    levels = [level(1, 10, 100), level(2, 19, 110), level(4, 30, 150), level(8, 31, 190)]
+    advice = recommend(levels, num_workers=2)
+    assert (advice.node_concurrency, advice.max_concurrent) == (4, 2)
+    assert "stopped rising past 4" in advice.why
+
+
+def test_the_recommendation_stops_where_p99_degrades() -> None:
+    levels = [level(1, 10, 100), level(2, 19, 150), level(4, 30, 250)]
+    advice = recommend(levels, num_workers=1)
+    assert advice.node_concurrency == 2 and "p99 degraded past 2" in advice.why
+
+
+def test_the_recommendation_stops_where_cases_fail_and_gives_each_worker_one_at_least() -> None:
+    levels = [level(1, 10, 100), level(2, 19, 110), level(4, 0, 0, failed=3)]
+    advice = recommend(levels, num_workers=8)
+    assert (advice.node_concurrency, advice.max_concurrent) == (2, 1)
+    assert "failed" in advice.why
+
+
+def test_bench_prints_each_level_and_a_recommendation(
+    host: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--concurrency", "1,2", "--seconds", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [found["concurrency"] for found in report["levels"]] == [1, 2]
+    for found in report["levels"]:
+        assert found["cases"] > 0 and found["failed"] == 0
+        assert found["p50_ms"] <= found["p99_ms"]
+        assert 0 < found["startup_share"] < 1
+    assert report["recommendation"]["node_concurrency"] in (1, 2)
+
+    assert main(["bench", "--concurrency", "1", "--seconds", "0.5", "--num-workers", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "concurrency  cases/s   p50 ms   p99 ms  start-up  failed" in text
+    assert "recommended: at most 1 at once on this node" in text
+    assert "max_concurrent=1" in text
+
+
+def test_bench_on_a_broken_backend_says_why_and_exits_1(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fail = tmp_path / "fail"
+    fail.write_text("100")
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail))
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_MESSAGE", "failed to open /dev/kvm: Permission denied")
+    assert main(["bench", "--concurrency", "1", "--seconds", "1"]) == 1
+    assert "kvm group" in capsys.readouterr().err
+
+
+CLI = "import sys\nfrom verl_hyperlight.cli import main\nsys.exit(main(sys.argv[1:]))"
+
+
+def stderr_of(args: list[str], terminal: bool) -> str:
+    """What the command wrote on its stderr, a terminal or a pipe."""
+    if not terminal:
+        done = subprocess.run(
+            [sys.executable, "-c", CLI, *args], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+    controller, terminal_end = pty.openpty()
+    # A terminal has a size (a bare pty has none, and a progress line then has no room).
+    fcntl.ioctl(terminal_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    process = subprocess.Popen(
+        [sys.executable, "-c", CLI, *args], stdout=subprocess.DEVNULL, stderr=terminal_end
+    )
+    os.close(terminal_end)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(controller)
+    assert process.wait(120) == 0
+    return seen.decode(errors="replace")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["bench", "--concurrency", "1", "--seconds", "1.5"], "concurrency 1"),
+        (["warm-up"], "seeing the python image warm"),
+    ],
+    ids=["bench", "warm-up"],
+)
+def test_progress_is_shown_on_a_terminal_and_nowhere_else(
+    host: Host, args: list[str], says: str
+) -> None:
+    assert says in stderr_of(args, terminal=True)
+    assert stderr_of(args, terminal=False) == ""

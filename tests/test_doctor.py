@@ -1,0 +1,228 @@
+"""`verl-hyperlight doctor` on the stand-in: a healthy node, and each check's failing form
+with the fix it names."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import STANDIN
+from hostside import Host
+
+from verl_hyperlight import _hluk, doctor
+from verl_hyperlight.cli import main
+
+KVM_FAILURE = "failed to open /dev/kvm: Permission denied"
+
+
+def run_doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, dict]]:  # type: ignore[type-arg]
+    """doctor's exit status and its checks by name (from --json)."""
+    status = main(["doctor", "--json", *args])
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] == (status == 0)
+    return status, {check["name"]: check for check in report["checks"]}
+
+
+@pytest.fixture
+def verl_09(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verl 0.9.1 with this package's entry point, whatever is installed here."""
+    monkeypatch.setattr(doctor, "_verl_version", lambda: "0.9.1")
+    monkeypatch.setattr(doctor, "_plugins", lambda: {"hyperlight"})
+    monkeypatch.delenv("VERL_USE_EXTERNAL_PLUGINS", raising=False)
+
+
+def test_a_healthy_node_passes_every_check_and_prints_one_line_each(
+    host: Host, verl_09: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["warm-up"])  # a node warmed up beforehand, as the README says
+    capsys.readouterr()
+    assert main(["doctor"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # The stand-in's wrapper execs it: no wrapper line.
+    names = ["platform", "python", "hluk", "/dev/kvm", "cache", "snapshot", "case", "setpriv"]
+    assert [line.split()[1] for line in lines] == [*names, "verl"]
+    assert all(line.startswith("ok ") for line in lines), lines
+    assert "print(1+1) answered 2" in "\n".join(lines)
+    assert "set reward.sandbox_fusion.url=hyperlight://" in lines[-1]
+
+
+def test_a_missing_hluk_fails_with_the_installer_line(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("HLUK_PATH")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    status, found = run_doctor(capsys)
+    assert status == 1
+    assert found["hluk"]["status"] == "fail"
+    assert found["hluk"]["fix"] == _hluk.INSTALL_COMMAND
+    assert "raw.githubusercontent.com/hyperlight-dev/hyperlight-unikraft" in found["hluk"]["fix"]
+    assert "case" not in found  # nothing to run a case with
+
+
+def test_an_old_hluk_fails_asking_for_0_19(
+    host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HLUK_STANDIN_VERSION", "0.18.2")
+    status, found = run_doctor(capsys)
+    assert status == 1
+    assert "0.18.2" in found["hluk"]["detail"] and "0.19.0 or later" in found["hluk"]["fix"]
+
+
+def test_hluk_that_is_not_executable_fails_with_chmod(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = tmp_path / "hluk"
+    plain.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("HLUK_PATH", str(plain))
+    _, found = run_doctor(capsys)
+    assert found["hluk"]["fix"] == f"chmod +x {plain}"
+
+
+def test_a_wrapper_that_does_not_exec_hluk_is_flagged(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wrapper = tmp_path / "hluk"
+    wrapper.write_text(f'#!/bin/sh\n{sys.executable} -I -S {STANDIN} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(wrapper))
+    status, found = run_doctor(capsys)
+    assert found["wrapper"]["status"] == "warn"
+    assert "does not exec hluk" in found["wrapper"]["detail"]
+    assert "exec /path/to/hluk" in found["wrapper"]["fix"]
+    assert status == 0  # a warning, not a failure
+
+
+def test_no_dev_kvm_fails_pointing_at_a_kvm_node_or_serve(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(doctor, "KVM_DEVICE", str(tmp_path / "no-kvm"))
+    status, found = run_doctor(capsys)
+    assert status == 1
+    assert found["/dev/kvm"]["status"] == "fail"
+    assert "verl-hyperlight serve" in found["/dev/kvm"]["fix"]
+
+
+def test_a_dev_kvm_this_user_cannot_use_names_its_group_and_the_usermod_line(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    device = tmp_path / "kvm"
+    device.write_text("")
+    os.chown(device, -1, 0)  # group root (gid 0) stands for the kvm group here
+    monkeypatch.setattr(doctor, "KVM_DEVICE", str(device))
+    monkeypatch.setattr(doctor, "_can_use", lambda path: False)  # as root, access() says yes
+    status, found = run_doctor(capsys)
+    assert status == 1
+    assert found["/dev/kvm"]["fix"].startswith("sudo usermod -aG root ")
+    assert found["/dev/kvm"]["fix"].endswith(", then log in again")
+
+
+def test_an_unwritable_cache_fails_and_a_full_one_warns(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("HLUK_CACHE_DIR", str(blocker / "cache"))
+    status, found = run_doctor(capsys)
+    assert status == 1
+    assert found["cache"]["status"] == "fail" and "HLUK_CACHE_DIR" in found["cache"]["fix"]
+
+    monkeypatch.setenv("HLUK_CACHE_DIR", str(host.cache))
+    monkeypatch.setattr(doctor, "MIN_FREE_BYTES", 1 << 60)
+    _, found = run_doctor(capsys)
+    assert found["cache"]["status"] == "warn" and "free space" in found["cache"]["fix"]
+
+
+def test_a_guest_that_fails_to_start_fails_with_what_fixes_it(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fail = tmp_path / "fail"
+    fail.write_text("100")
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail))
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_MESSAGE", KVM_FAILURE)
+    status, found = run_doctor(capsys)
+    assert status == 1
+    assert found["guest"]["status"] == "fail" and KVM_FAILURE in found["guest"]["detail"]
+    assert "usermod -aG kvm" in found["guest"]["fix"]
+
+
+def test_a_cold_node_warns_to_warm_up_and_is_warm_after(
+    host: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, found = run_doctor(capsys, "hyperlight://")
+    assert found["snapshot"]["status"] == "warn"
+    assert found["snapshot"]["fix"].startswith("verl-hyperlight warm-up hyperlight://")
+    assert found["case"]["status"] == "ok"
+    from verl_hyperlight import _warmup
+
+    _warmup.forget()  # another doctor run: a new process
+    _, found = run_doctor(capsys, "hyperlight://")
+    assert found["snapshot"]["status"] == "ok"
+
+
+def test_no_setpriv_warns_with_its_cost(
+    host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(_hluk, "_setpriv", lambda: None)
+    _, found = run_doctor(capsys)
+    assert found["setpriv"]["status"] == "warn" and "util-linux" in found["setpriv"]["fix"]
+
+
+def test_an_oversubscribed_sizing_fails_with_the_max_concurrent_that_fits(
+    host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    status, found = run_doctor(capsys, "--max-concurrent", str(cpus + 1), "--num-workers", "1")
+    assert status == 1
+    assert found["sizing"]["status"] == "fail"
+    assert found["sizing"]["fix"] == f"max_concurrent={cpus}"
+
+    monkeypatch.setattr(doctor, "_available_mb", lambda: 1000)
+    _, found = run_doctor(capsys, "--max-concurrent", "1", "--num-workers", "1")
+    assert found["sizing"]["status"] == "ok"
+    assert found["memory"]["status"] == "fail"  # 1366 MiB of guest alone
+
+
+@pytest.mark.parametrize(
+    ("version", "environment", "status", "fix"),
+    [
+        ("0.9.1", {"VERL_USE_EXTERNAL_PLUGINS": "none"}, "fail", "name hyperlight"),
+        ("0.9.1", {"VERL_USE_EXTERNAL_PLUGINS": "other_plugin"}, "fail", "name hyperlight"),
+        ("0.9.1", {"VERL_USE_EXTERNAL_PLUGINS": "Other, HyperLight"}, "ok", ""),
+        ("0.8.0", {}, "fail", "VERL_USE_EXTERNAL_MODULES=verl_hyperlight.plugin"),
+        ("0.7.0", {"VERL_USE_EXTERNAL_MODULES": "verl_hyperlight.plugin"}, "ok", ""),
+        ("0.5.0", {}, "warn", "verl-hyperlight serve"),
+    ],
+)
+def test_the_verl_check_follows_verls_plugin_policy_for_its_version(
+    host: Host,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    version: str,
+    environment: dict[str, str],
+    status: str,
+    fix: str,
+) -> None:
+    monkeypatch.setattr(doctor, "_verl_version", lambda: version)
+    monkeypatch.setattr(doctor, "_plugins", lambda: {"hyperlight"})
+    for name in ("VERL_USE_EXTERNAL_PLUGINS", "VERL_USE_EXTERNAL_MODULES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    _, found = run_doctor(capsys)
+    assert found["verl"]["status"] == status, found["verl"]
+    assert fix in found["verl"]["fix"]
+    if status == "ok":
+        key = "reward_model" if version < "0.7.1" else "reward"
+        assert f"set {key}.sandbox_fusion.url=hyperlight://" in found["verl"]["detail"]
+
+
+def test_a_missing_entry_point_fails_asking_to_reinstall(
+    host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(doctor, "_verl_version", lambda: "0.9.1")
+    monkeypatch.setattr(doctor, "_plugins", lambda: set())
+    _, found = run_doctor(capsys)
+    assert found["verl"]["status"] == "fail" and "reinstall" in found["verl"]["fix"]
