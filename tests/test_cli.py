@@ -83,3 +83,29 @@ def test_run_refuses_text_that_is_not_utf8_saying_which(
     assert main(["run", str(solution)]) == 1
     name = "standard input" if bad == "input" else str(solution)
     assert f"{name} is not UTF-8 text" in capsys.readouterr().err
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.mark.parametrize("command", ["warm-up", "run", "doctor", "bench", "serve"])
+def test_each_command_is_in_the_help_and_the_readme(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert command in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    assert len(capsys.readouterr().out.splitlines()) > 3
+    assert f"verl-hyperlight {command}" in README.read_text()
+
+
+def test_no_user_facing_text_holds_a_placeholder() -> None:
+    root = README.parent
+    texts = [README, *root.joinpath("examples").iterdir(), *root.joinpath("src").rglob("*.py")]
+    for path in texts:
+        text = path.read_text()
+        assert "<hyperlight-unikraft>" not in text, path
+        assert "registry.example" not in text, path
