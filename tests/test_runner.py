@@ -572,3 +572,16 @@ def test_frames_of_another_nonce_or_malformed_are_not_the_runners() -> None:
     console.feed(frame(nonce.encode(), runner.protocol.END, b"0", b"zero", b"-", b"0", b"0"))
     console.feed(frame(nonce.encode(), runner.protocol.STDOUT, b"not base64!"))
     assert console.started and console.end is None and not console.done
+
+
+def test_the_copy_out_budget_counts_the_fetched_files_too() -> None:
+    from verl_hyperlight import _hluk
+
+    protocol = runner.protocol
+    end = protocol.End(0, 0.1, None, (3, 4), (5, protocol.FILE_MISSING, protocol.FILE_LEFT_OUT))
+    assert end.copied == 3 + 4 + 5
+    mib = 1024 * 1024
+    output_only = protocol.End(0, 0.1, None, (mib, 0))
+    with_a_file = protocol.End(0, 0.1, None, (mib, 0), (8 * mib,))
+    extra = _hluk._copy_out_budget(with_a_file) - _hluk._copy_out_budget(output_only)
+    assert extra == 8 * mib / _hluk.COPY_OUT_BYTES_PER_SECOND

@@ -49,7 +49,8 @@ HLUK_STDERR_LIMIT = 64 * 1024
 # is kept for failure messages; nothing the console shows after the start is ever used.
 PREAMBLE_LIMIT = 4096
 # Copying the output out after the solution ended has a budget of its own, never run_timeout:
-# this long, and a second more per MiB announced (at most 42 s for two full streams).
+# this long, and a second more per MiB announced (at most 58 s for two full streams and the
+# fetched files' 16 MiB).
 COPY_OUT_SECONDS = 10.0
 COPY_OUT_BYTES_PER_SECOND = 1024 * 1024
 # After the runner's report hluk only has to tear the VM down.
@@ -498,7 +499,7 @@ def _spawn(argv: list[str], cwd: str | None) -> subprocess.Popen[bytes]:
 
 
 def _copy_out_budget(end: protocol.End) -> float:
-    return COPY_OUT_SECONDS + sum(end.sizes) / COPY_OUT_BYTES_PER_SECOND
+    return COPY_OUT_SECONDS + end.copied / COPY_OUT_BYTES_PER_SECOND
 
 
 def run(
@@ -665,7 +666,7 @@ def failure(outcome: RawOutcome, path: str) -> BackendError:
     if outcome.ending is Ending.COPY_OUT_TIMEOUT:
         assert outcome.end is not None
         return BackendError(
-            f"the micro-VM did not copy the solution's output ({sum(outcome.end.sizes)} bytes) "
+            f"the micro-VM did not copy the solution's output ({outcome.end.copied} bytes) "
             f"out within {outcome.limit:.0f} s after it ended; the node may be overloaded: "
             "lower max_concurrent or reward.num_workers",
             "copy-out-timeout",

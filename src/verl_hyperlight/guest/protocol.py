@@ -73,6 +73,11 @@ class End:
     sizes: tuple[int, int]  # the bytes of stdout and stderr that follow
     files: tuple[int, ...] = ()  # of each file to fetch: its bytes that follow, or a FILE_*
 
+    @property
+    def copied(self) -> int:
+        """The bytes that follow: the output and the fetched files."""
+        return sum(self.sizes) + sum(size for size in self.files if size > 0)
+
 
 def file_name(index: int) -> str:
     """The case directory's name for the request's file `index`."""
