@@ -94,9 +94,10 @@ def _cache_state() -> tuple[object, ...]:
     """hluk's snapshot and image directories, as far as a removal or a new snapshot changes
     them."""
     state: list[object] = []
+    root = cache_root()
     for part in CACHE_PARTS:
         try:
-            stat = os.stat(cache_root() / part)
+            stat = os.stat(root / part)
         except OSError:
             state.append(None)
         else:

@@ -344,10 +344,7 @@ class _Guard:
                 return
             body = await self._body(receive)
             if body is None:
-                limit = self.settings.max_body_bytes
-                await _json(413, {"detail": f"the body is over {limit} bytes"})(
-                    scope, receive, send_with_id
-                )
+                await self._too_large()(scope, receive, send_with_id)
                 return
             await self.app(scope, _replay(body, receive), send_with_id)
         finally:
@@ -362,11 +359,13 @@ class _Guard:
                 scope["state"].get("case", "-"),
             )
 
+    def _too_large(self) -> JSONResponse:
+        return _json(413, {"detail": f"the body is over {self.settings.max_body_bytes} bytes"})
+
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> JSONResponse | None:
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.settings.max_body_bytes:
-            limit = self.settings.max_body_bytes
-            return _json(413, {"detail": f"the body is over {limit} bytes"})
+            return self._too_large()
         token = self.settings.token
         if token is not None and scope["path"] == "/run_code":
             given = headers.get("authorization", "")

@@ -275,11 +275,11 @@ def _write(fd: int, data: object) -> int:
         count = _os_write(fd, data)  # type: ignore[arg-type]
     assert _case is not None
     try:
-        stat = _os_fstat(fd)
+        info = _os_fstat(fd)
     except OSError:
         return count
-    stream = _case.output_ids.get((stat.st_dev, stat.st_ino))
-    if stream is not None and stat.st_size > protocol.OUTPUT_LIMIT:
+    stream = _case.output_ids.get((info.st_dev, info.st_ino))
+    if stream is not None and info.st_size > protocol.OUTPUT_LIMIT:
         _stop_for_output_limit(stream)
     return count
 
@@ -613,8 +613,8 @@ def _redirect_descriptors(case: _Case, case_dir: str) -> None:
         os.dup2(opened, fd)
         _os_close(opened)
         case.outputs[name] = _os_open(path, os.O_RDONLY)
-        stat = _os_fstat(case.outputs[name])
-        case.output_ids[(stat.st_dev, stat.st_ino)] = name
+        info = _os_fstat(case.outputs[name])
+        case.output_ids[(info.st_dev, info.st_ino)] = name
 
 
 def _reseed() -> None:
