@@ -74,6 +74,25 @@ def host(hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterato
     _warmup.forget()
 
 
+@pytest.fixture
+def fail_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The stand-in's fault injection: write N to it and the next N runs fail before the guest
+    starts (empty: none do)."""
+    path = tmp_path / "fail"
+    path.write_text("0")
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(path))
+    return path
+
+
+def fail_with(monkeypatch: pytest.MonkeyPatch, fail_file: Path, message: str, runs: int) -> None:
+    """The next `runs` hluk runs fail with `message` (the fixture `fail_file` in place)."""
+    fail_file.write_text(str(runs))
+    monkeypatch.setenv("HLUK_STANDIN_FAIL_MESSAGE", message)
+
+
+KVM_FAILURE = "failed to open /dev/kvm: Permission denied"
+
+
 def run(
     code: object,
     stdin: object = "",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import STANDIN
-from hostside import Host, result, run, sandbox_error
+from hostside import Host, fail_with, result, run, sandbox_error
 
 from verl_hyperlight import _hluk
 
@@ -39,21 +39,6 @@ while chunk := os.read(vm.stdout.fileno(), 65536):
         os._exit(101)
 sys.exit(vm.wait())
 """
-
-
-@pytest.fixture
-def fail_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """The stand-in's fault injection: write N to it and the next N runs fail before the guest
-    starts (empty: none do)."""
-    path = tmp_path / "fail"
-    path.write_text("0")
-    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(path))
-    return path
-
-
-def fail_with(monkeypatch: pytest.MonkeyPatch, fail_file: Path, message: str, runs: int) -> None:
-    fail_file.write_text(str(runs))
-    monkeypatch.setenv("HLUK_STANDIN_FAIL_MESSAGE", message)
 
 
 def test_hluk_path_naming_a_missing_file_says_how_to_install_hluk(

@@ -14,7 +14,7 @@ import termios
 from pathlib import Path
 
 import pytest
-from hostside import Host
+from hostside import KVM_FAILURE, Host, fail_with
 
 from verl_hyperlight.bench import Level, recommend
 from verl_hyperlight.cli import main
@@ -64,12 +64,12 @@ def test_bench_prints_each_level_and_a_recommendation(
 
 
 def test_bench_on_a_broken_backend_says_why_and_exits_1(
-    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    host: Host,
+    monkeypatch: pytest.MonkeyPatch,
+    fail_file: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    fail = tmp_path / "fail"
-    fail.write_text("100")
-    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail))
-    monkeypatch.setenv("HLUK_STANDIN_FAIL_MESSAGE", "failed to open /dev/kvm: Permission denied")
+    fail_with(monkeypatch, fail_file, KVM_FAILURE, 100)
     assert main(["bench", "--concurrency", "1", "--seconds", "1"]) == 1
     assert "kvm group" in capsys.readouterr().err
 

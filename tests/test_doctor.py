@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 from conftest import STANDIN
-from hostside import Host
+from hostside import KVM_FAILURE, Host, fail_with
 
 from verl_hyperlight import _hluk, doctor
 from verl_hyperlight.cli import main
-
-KVM_FAILURE = "failed to open /dev/kvm: Permission denied"
 
 
 def run_doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, dict]]:  # type: ignore[type-arg]
@@ -136,12 +134,12 @@ def test_an_unwritable_cache_fails_and_a_full_one_warns(
 
 
 def test_a_guest_that_fails_to_start_fails_with_what_fixes_it(
-    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    host: Host,
+    monkeypatch: pytest.MonkeyPatch,
+    fail_file: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    fail = tmp_path / "fail"
-    fail.write_text("100")
-    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail))
-    monkeypatch.setenv("HLUK_STANDIN_FAIL_MESSAGE", KVM_FAILURE)
+    fail_with(monkeypatch, fail_file, KVM_FAILURE, 100)
     status, found = run_doctor(capsys)
     assert status == 1
     assert found["guest"]["status"] == "fail" and KVM_FAILURE in found["guest"]["detail"]

@@ -94,7 +94,7 @@ def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
 
 @pytest.mark.parametrize("launch", ["setpriv", "preexec"])
 def test_nothing_is_left_behind_after_many_cases_including_failures(
-    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, launch: str
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path, launch: str
 ) -> None:
     if launch == "preexec":
         monkeypatch.setattr(_hluk, "_setpriv", lambda: None)
@@ -114,9 +114,7 @@ def test_nothing_is_left_behind_after_many_cases_including_failures(
     # A malformed request, and backend failures before and at the start of a case.
     _, error = run_code("hyperlight://", None, "", None, 1, None)  # type: ignore[arg-type]
     assert error is not None and error.startswith("Invalid request")
-    fail_file = tmp_path / "fail"
     fail_file.write_text("3")  # the case, then the probe before its retry, and its retry
-    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail_file))
     assert run("print(1)")["status"] == "SandboxError"
     monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
     monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "0.5")

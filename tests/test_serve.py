@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hostside import Host, processes_with, wait_for
+from hostside import KVM_FAILURE, Host, fail_with, processes_with, wait_for
 from serving import Served
 
 Serve = Callable[..., Served]
@@ -448,19 +448,16 @@ def test_sigterm_past_the_grace_period_kills_what_is_left(serve: Serve) -> None:
 # operations
 
 
-def no_kvm(tmp_path: Path, cache: str) -> dict[str, str]:
-    """A server environment whose every hluk run fails as one without /dev/kvm does."""
-    fail = tmp_path / "fail"
-    fail.write_text("100")
-    return {
-        "HLUK_STANDIN_FAIL_FILE": str(fail),
-        "HLUK_STANDIN_FAIL_MESSAGE": "failed to open /dev/kvm: Permission denied",
-        "HLUK_CACHE_DIR": str(tmp_path / cache),
-    }
+def without_kvm(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch, fail_file: Path, cache: Path
+) -> Served:
+    """A server (with a cache of its own) whose every hluk run fails as one without /dev/kvm."""
+    fail_with(monkeypatch, fail_file, KVM_FAILURE, 100)
+    return serve(ready=False, env={"HLUK_CACHE_DIR": str(cache)})
 
 
 def test_metrics_count_cases_by_status_and_backend_failures_by_cause(
-    serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_file: Path
 ) -> None:
     served = serve()
     served.post(body("print(1)"))
@@ -471,13 +468,15 @@ def test_metrics_count_cases_by_status_and_backend_failures_by_cause(
     assert metric(served, "verl_hyperlight_case_seconds_count") == 2
     assert metric(served, "verl_hyperlight_cases_queued") == 0
 
-    broken = serve(ready=False, env=no_kvm(tmp_path, "another-cache"))
+    broken = without_kvm(serve, monkeypatch, fail_file, tmp_path / "another-cache")
     assert broken.post(body("print(1)")).json()["status"] == "SandboxError"
     assert metric(broken, 'verl_hyperlight_backend_failures_total{cause="kvm"}') >= 1
 
 
-def test_readiness_says_what_is_wrong_while_the_backend_fails(serve: Serve, tmp_path: Path) -> None:
-    served = serve(ready=False, env=no_kvm(tmp_path, "cache-without-kvm"))
+def test_readiness_says_what_is_wrong_while_the_backend_fails(
+    serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    served = without_kvm(serve, monkeypatch, fail_file, tmp_path / "cache-without-kvm")
     deadline = time.monotonic() + 30
     while (reply := httpx.get(f"{served.base}/readyz")).json()["reason"] == "warming up":
         assert time.monotonic() < deadline

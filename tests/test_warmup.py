@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from hostside import Host, option, result, run, sandbox_error
+from hostside import Host, fail_with, option, result, run, sandbox_error
 
 from verl_hyperlight import _warmup
 
@@ -120,12 +120,10 @@ def test_warm_up_time_is_not_charged_to_the_first_case(
 
 
 def test_a_failed_warm_up_is_retried_after_the_back_off_not_on_every_case(
-    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
 ) -> None:
-    fail_file = tmp_path / "fail"
-    fail_file.write_text("2")  # the probe, and the one retry a failed start gets
-    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail_file))
-    monkeypatch.setenv("HLUK_STANDIN_FAIL_MESSAGE", "failed to save snapshot: disk full")
+    # The probe, and the one retry a failed start gets.
+    fail_with(monkeypatch, fail_file, "failed to save snapshot: disk full", 2)
     monkeypatch.setattr(_warmup, "RETRY_AFTER_SECONDS", 60.0)
 
     assert "snapshot" in sandbox_error(run("print(1)"))
@@ -145,11 +143,9 @@ def test_a_failed_warm_up_is_retried_after_the_back_off_not_on_every_case(
 
 
 def test_a_probe_that_fails_at_once_is_retried_as_a_case_is(
-    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
 ) -> None:
-    fail_file = tmp_path / "fail"
     fail_file.write_text("1")
-    monkeypatch.setenv("HLUK_STANDIN_FAIL_FILE", str(fail_file))
     assert result(run("print('warm')"))[:4] == ("Success", "Finished", 0, "warm\n")
     assert len(host.warm_ups()) == 2 and len(host.case_runs()) == 1
 
