@@ -169,7 +169,9 @@ def test_a_guest_that_never_starts_is_a_sandbox_error_distinct_from_a_timeout(
     message = sandbox_error(run("print(1)", run_timeout=30))
     assert "did not start within 1 s" in message
     assert "VERL_HYPERLIGHT_STARTUP_TIMEOUT" in message and "max_concurrent" in message
-    assert len(host.case_runs()) == 1 + 2
+    # The case's run, then, before its retry, a probe held to the same deadline, which hung too.
+    assert len(host.case_runs()) == 1 + 1
+    assert len(host.warm_ups()) == 1 + 1
 
 
 @pytest.mark.parametrize("stage", ["warm-up", "case"])
@@ -186,12 +188,15 @@ def test_each_cause_is_logged_at_error_once_per_process_then_counted(
     if stage == "case":
         run("pass")
     fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 100)
-    for _ in range(2):
+    for _ in range(4):
         assert "kvm group" in sandbox_error(run("print(1)"))
-    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
-    assert len(errors) == 1, [record.getMessage() for record in errors]
-    assert "kvm group" in errors[0].getMessage()
-    assert _api.failures.counts == {"kvm": 2}
+    errors = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+    assert all("kvm group" in error for error in errors)
+    # The guest's gate opens (logged once, with the cause) at the first failed warm-up, or after
+    # three failed starts in a row of a guest that was warm: the first, alone, is logged too.
+    opened = [error for error in errors if "answered SandboxError at once" in error]
+    assert len(opened) == 1 and len(errors) == (1 if stage == "warm-up" else 2), errors
+    assert _api.failures.counts == {"kvm": 4}
 
 
 @pytest.mark.parametrize("setting", ["0", "-3", "soon"])

@@ -770,6 +770,20 @@ def test_hang_hangs_before_the_guest_starts(env: dict[str, str], tmp_path: Path)
     assert not (tmp_path / "ran").exists()
 
 
+def test_hang_file_hangs_the_next_n_runs_then_none(env: dict[str, str], tmp_path: Path) -> None:
+    counter = tmp_path / "hang"
+    counter.write_text("1")
+    out = tmp_path / "out"
+    out.mkdir()
+    hanging = {**env, "HLUK_STANDIN_HANG_FILE": str(counter)}
+    with pytest.raises(subprocess.TimeoutExpired):
+        guest(hanging, WRITE_TO_MOUNT, "--mount", f"{out}:/out", timeout=1)
+    assert not (out / "ran").exists()
+    result = guest(hanging, WRITE_TO_MOUNT, "--mount", f"{out}:/out")
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert (out / "ran").read_text() == "x"
+
+
 def test_kill_after_kills_a_running_guest(env: dict[str, str]) -> None:
     code = "import time\ntime.sleep(30)\nprint('survived')"
     result = guest({**env, "HLUK_STANDIN_KILL_AFTER": "0.5"}, code)

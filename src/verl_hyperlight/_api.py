@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from . import _hluk, _warmup
-from ._errors import BackendError, InvalidRequest, Refused
+from ._errors import ZEROES_REWARDS, BackendError, InvalidRequest, Refused
 from ._guest import Guest, guest_for, workload_code
 from ._hluk import Ending
 from ._response import Response, from_outcome, sandbox_error, time_limit_exceeded
@@ -34,7 +34,6 @@ MAX_CODE_BYTES = 16 * 1024 * 1024
 MAX_STDIN_BYTES = 256 * 1024 * 1024
 DEFAULT_RUN_TIMEOUT = 10.0
 STARTUP_TIMEOUT_ENV = "VERL_HYPERLIGHT_STARTUP_TIMEOUT"
-DEFAULT_STARTUP_TIMEOUT = 60.0
 CASE_MOUNT = "/case"
 MAX_PATH_LENGTH = 4096
 MIB = 1024 * 1024
@@ -91,7 +90,7 @@ class _FailureLog:
     """Backend failures: logged at ERROR once per cause per process, then counted, with a
     reminder at every power of ten so a long run keeps saying it is broken."""
 
-    PERSISTENT = "every code reward is zero while this lasts"
+    PERSISTENT = ZEROES_REWARDS
     ONE_OFF = "the case is answered SandboxError, scored as a sandbox error; later cases run"
 
     def __init__(self) -> None:
@@ -107,6 +106,10 @@ class _FailureLog:
             logger.error("verl-hyperlight: %d cases failed so far with: %s", count, message)
 
     def backend(self, failure: BackendError) -> None:
+        if failure.announced:
+            with self._lock:
+                self.counts[failure.cause] = self.counts.get(failure.cause, 0) + 1
+            return
         consequence = self.PERSISTENT if failure.persistent else self.ONE_OFF
         self.record(failure.cause, str(failure), consequence)
 
@@ -208,7 +211,7 @@ def _validate(
 def _startup_timeout() -> float:
     value = os.environ.get(STARTUP_TIMEOUT_ENV)
     if value is None:
-        return DEFAULT_STARTUP_TIMEOUT
+        return _hluk.DEFAULT_STARTUP_TIMEOUT
     try:
         seconds = float(value)
     except ValueError:
@@ -217,10 +220,10 @@ def _startup_timeout() -> float:
         failures.record(
             "startup-timeout-setting",
             f"{STARTUP_TIMEOUT_ENV}={value!r} is not a positive number of seconds; "
-            f"using {DEFAULT_STARTUP_TIMEOUT:.0f}",
+            f"using {_hluk.DEFAULT_STARTUP_TIMEOUT:.0f}",
             "cases still run",
         )
-        return DEFAULT_STARTUP_TIMEOUT
+        return _hluk.DEFAULT_STARTUP_TIMEOUT
     return seconds
 
 
@@ -317,8 +320,9 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
     mount = f"{name if ':' in case_dir else case_dir}:{CASE_MOUNT}:ro"
     try:
         _write_case(case_dir, case)
+        gate = _warmup.gate(path, case.guest)
         for attempt in (1, 2):
-            _warmup.ensure_ready(path, case.guest)
+            gate.ensure_ready(startup_timeout)
             nonce = secrets.token_hex(16)
             argv = [
                 path,
@@ -332,6 +336,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
             outcome = _hluk.run(
                 argv, nonce, case.run_timeout, startup_timeout, cwd=parent, cancel=cancel
             )
+            gate.observe(outcome)
             if outcome.ending.is_the_solutions:
                 return from_outcome(outcome, case.run_timeout, case.fetch)
             if outcome.ending is Ending.REFUSED:
@@ -341,11 +346,8 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
             failure = _hluk.failure(outcome, path)
             if outcome.started or attempt == 2:
                 raise failure
-            # Nothing of the solution ran: a backend failure, tried once more. One that hluk
-            # reported at once may be a warm snapshot that went away (`hluk cache clean`) or
-            # that concurrent cold boots broke: the guest is seen warm again before the retry.
-            if outcome.ending is not Ending.STARTUP_TIMEOUT:
-                _warmup.invalidate(path, case.guest)
+            # Nothing of the solution ran: a backend failure, tried once more, after the gate's
+            # probe has seen the guest start (see _warmup.Gate).
             logger.warning("verl-hyperlight: retrying a case that did not start: %s", failure)
         raise AssertionError("unreachable")
     finally:

@@ -1,5 +1,8 @@
 """The package's exceptions. None of them reaches verl: run_code turns each into a value."""
 
+# What a backend failure that lasts costs a training run, said where an operator reads it.
+ZEROES_REWARDS = "every code reward is zero while this lasts"
+
 
 class HyperlightError(Exception):
     """Base of the errors verl-hyperlight raises internally."""
@@ -26,3 +29,13 @@ class BackendError(HyperlightError):
         super().__init__(message)
         self.cause = cause
         self.persistent = persistent
+        self.announced = False  # logged where it arose (a guest's gate opening): count it only
+
+
+class FailingFast(BackendError):
+    """A case answered at once, with the `cause` of the failure that opened its guest's gate
+    (see _warmup.Gate): hluk keeps failing to start the guest. The gate logged its opening."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message, cause)
+        self.announced = True

@@ -10,6 +10,10 @@ The snapshot, not a marker, is the warm state: it can go away behind this proces
 (`hluk cache clean`; hluk prunes a snapshot when its image is pulled again or the local rootfs
 is rebuilt). Every case therefore compares hluk's cache directories with what they were when
 the guest was last seen warm (two stat calls), and probes again when they changed.
+
+The same probe tells whether hluk starts the guest at all: after a run that failed before the
+guest started, cases wait for one probe rather than each for its own deadline, and a guest
+that keeps failing to start is failed fast (see Gate).
 """
 
 from __future__ import annotations
@@ -19,19 +23,21 @@ import os
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
 
 from . import _hluk
-from ._errors import BackendError
+from ._errors import ZEROES_REWARDS, BackendError, FailingFast
 from ._guest import Guest, probe_code
 
 logger = logging.getLogger("verl_hyperlight")
 
-# A failed warm-up is tried again on a case after this long, not on every case.
+# While a guest's gate is open, one case tries it again after this long.
 RETRY_AFTER_SECONDS = 30.0
+# Failures to start a guest in a row (cases and probes, no start between) that open its gate.
+OPEN_AFTER = 3
 # A probe may pull the image and boot the guest first.
 WARM_UP_TIMEOUT_SECONDS = 900.0
 PROBE_RUN_TIMEOUT_SECONDS = 60.0
@@ -59,19 +65,123 @@ class Warmth:
     seconds: float
 
 
-@dataclass
-class _Prepared:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # hluk's cache directories as they were when the guest was last seen warm; None: not seen.
-    seen: tuple[object, ...] | None = None
-    failure: BackendError | None = None
-    retry_at: float = 0.0
+class Gate:
+    """What this process knows of one guest: whether it is warm, and whether hluk is starting
+    it at all. A case passes the gate before each hluk run and reports what the run showed.
+
+    A guest's cases wait for one probe (of the guest's warm state, and of whether hluk starts
+    it) whenever a case's run failed before the guest started; so a brief failure, even one
+    that every case of a batch hit at once, costs the batch one probe and its retries, not its
+    answers. When hluk keeps failing to start the guest (OPEN_AFTER failures in a row, cases
+    and probes, with no start between), the gate opens: cases are answered SandboxError at once,
+    without running hluk, and every RETRY_AFTER_SECONDS one case probes again while the others
+    still fail fast; the first success closes it. Opening and closing are logged once each."""
+
+    def __init__(self, path: str, guest: Guest) -> None:
+        self.path, self.guest = path, guest
+        self.lock = threading.Lock()  # held by the one probe running
+        # hluk's cache directories as they were when the guest was last seen warm; None: not yet.
+        self.seen: tuple[object, ...] | None = None
+        self.suspect = False  # a run failed before the guest started: probe before the next
+        self.failures_in_a_row = 0  # runs and probes that failed to start the guest, since one did
+        self.failure: BackendError | None = None  # why the gate is open; None: closed
+        self.opened_at = 0.0
+        self.retry_at = 0.0
+        self.answered_at_once = 0
+
+    def ensure_ready(self, startup_timeout: float = _hluk.DEFAULT_STARTUP_TIMEOUT) -> Warmth | None:
+        """Return once the guest is warm (what a probe found, or None when nothing changed since
+        it was last seen warm); BackendError if it cannot be, at once while the gate is open.
+        `startup_timeout` bounds a probe of a guest seen warm before whose cache is untouched."""
+        if self._passes():
+            return None
+        if self.failure is not None and (time.monotonic() < self.retry_at or self.lock.locked()):
+            raise self._answer_at_once()
+        with self.lock:
+            if self._passes():
+                return None
+            if self.failure is not None and time.monotonic() < self.retry_at:
+                raise self._answer_at_once()
+            # A guest seen warm whose cache is untouched needs a restore, not a pull and a boot.
+            restore = self.seen is not None and self.seen == _cache_state()
+            try:
+                warmth = _warm_up(self.path, self.guest, startup_timeout if restore else None)
+            except BackendError as failure:
+                self.failures_in_a_row += 1
+                # Still failing, never started (no case can run), or failing again and again.
+                if (
+                    self.failure is not None
+                    or self.seen is None
+                    or self.failures_in_a_row >= OPEN_AFTER
+                ):
+                    self._open(failure)
+                raise
+            if self.failure is not None:
+                logger.warning(
+                    "verl-hyperlight: %s starts again; the gate was open %.0f s, %d cases were "
+                    "answered SandboxError at once meanwhile",
+                    self.guest.image.label,
+                    time.monotonic() - self.opened_at,
+                    self.answered_at_once,
+                )
+            # As the probe left it: a snapshot it took changed the directories.
+            self.seen, self.suspect, self.failure = _cache_state(), False, None
+            self.failures_in_a_row = 0
+            return warmth
+
+    def observe(self, outcome: _hluk.RawOutcome) -> None:
+        """What a case's hluk run showed of the backend."""
+        if outcome.started or outcome.ending is _hluk.Ending.REFUSED:
+            self.failures_in_a_row = 0
+        elif not outcome.ending.is_the_solutions and outcome.ending is not _hluk.Ending.CANCELLED:
+            # The snapshot may have gone (`hluk cache clean`, concurrent cold boots broke it), or
+            # hluk may have stopped starting guests: the next case probes first.
+            self.failures_in_a_row += 1
+            self.suspect = True
+
+    def _passes(self) -> bool:
+        return (
+            self.failure is None
+            and not self.suspect
+            and self.seen is not None
+            and self.seen == _cache_state()
+        )
+
+    def _open(self, failure: BackendError) -> None:
+        now = time.monotonic()
+        if self.failure is None:
+            self.opened_at, self.answered_at_once = now, 0
+            logger.error(
+                "verl-hyperlight: %s. hluk failed to start %s %s, so its cases are answered "
+                "SandboxError at once (%s); one case tries it again every %.0f s",
+                failure,
+                self.guest.image.label,
+                _times(self.failures_in_a_row),
+                ZEROES_REWARDS,
+                RETRY_AFTER_SECONDS,
+            )
+        failure.announced = True
+        self.failure, self.retry_at = failure, now + RETRY_AFTER_SECONDS
+
+    def _answer_at_once(self) -> FailingFast:
+        self.answered_at_once += 1
+        assert self.failure is not None
+        return FailingFast(
+            f"{self.failure} (answered at once: hluk failed to start {self.guest.image.label} "
+            f"{_times(self.failures_in_a_row)}; a case tries it again within "
+            f"{RETRY_AFTER_SECONDS:.0f} s)",
+            self.failure.cause,
+        )
 
 
-# The one piece of global state: what this process knows of each guest's warm state, keyed by
-# its identity. Guarded by _registry_lock; each entry by its own lock, so cases waiting for one
-# guest's probe do not block another's.
-_registry: dict[tuple[object, ...], _Prepared] = {}
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times in a row"
+
+
+# The one piece of global state: a gate per guest, keyed by the guest's identity. Guarded by
+# _registry_lock; each gate's probe by its own lock, so cases waiting for one guest's probe do
+# not block another's.
+_registry: dict[tuple[object, ...], Gate] = {}
 _registry_lock = threading.Lock()
 
 
@@ -105,36 +215,21 @@ def _cache_state() -> tuple[object, ...]:
     return tuple(state)
 
 
-def ensure_ready(path: str, guest: Guest) -> Warmth | None:
-    """Return once `guest` is warm on this node (what a probe found, or None when nothing
-    changed since it was last seen warm); BackendError if it cannot be."""
+def gate(path: str, guest: Guest) -> Gate:
+    """The gate of `guest` run by the hluk at `path`."""
     key = _identity(path, guest)
     with _registry_lock:
-        entry = _registry.setdefault(key, _Prepared())
-    if entry.seen is not None and entry.seen == _cache_state():
-        return None
-    with entry.lock:
-        if entry.seen is not None and entry.seen == _cache_state():
-            return None
-        if entry.failure is not None and time.monotonic() < entry.retry_at:
-            raise entry.failure
-        try:
-            warmth = _warm_up(path, guest)
-        except BackendError as failure:
-            entry.failure = failure
-            entry.retry_at = time.monotonic() + RETRY_AFTER_SECONDS
-            raise
-        # As the probe left it: a snapshot it took changed the directories.
-        entry.seen, entry.failure = _cache_state(), None
-        return warmth
+        found = _registry.get(key)
+        if found is None:
+            found = _registry[key] = Gate(path, guest)
+        return found
 
 
-def invalidate(path: str, guest: Guest) -> None:
-    """Have the next case of `guest` see it warm again first."""
-    with _registry_lock:
-        entry = _registry.get(_identity(path, guest))
-    if entry is not None:
-        entry.seen = None
+def ensure_ready(
+    path: str, guest: Guest, startup_timeout: float = _hluk.DEFAULT_STARTUP_TIMEOUT
+) -> Warmth | None:
+    """Return once `guest` is warm on this node (see Gate.ensure_ready)."""
+    return gate(path, guest).ensure_ready(startup_timeout)
 
 
 def forget() -> None:
@@ -163,13 +258,16 @@ def _cache_unusable(exc: OSError) -> BackendError:
     )
 
 
-def _probe(path: str, guest: Guest) -> _hluk.RawOutcome:
+def _probe(path: str, guest: Guest, startup_timeout: float) -> _hluk.RawOutcome:
     nonce = secrets.token_hex(16)
     argv = [path, "--log-level", "info", "run", *guest.args(), "--exec", probe_code(nonce)]
-    return _hluk.run(argv, nonce, PROBE_RUN_TIMEOUT_SECONDS, WARM_UP_TIMEOUT_SECONDS)
+    return _hluk.run(argv, nonce, PROBE_RUN_TIMEOUT_SECONDS, startup_timeout)
 
 
-def _warm_up(path: str, guest: Guest) -> Warmth:
+def _warm_up(path: str, guest: Guest, restore_within: float | None) -> Warmth:
+    """Probe `guest`, held to `restore_within` seconds to start when only a restore is due,
+    else to the warm-up's deadline (a pull and a boot)."""
+    startup_timeout = WARM_UP_TIMEOUT_SECONDS if restore_within is None else restore_within
     _hluk.check_version(path)
     lock = _lock()
     try:
@@ -178,15 +276,15 @@ def _warm_up(path: str, guest: Guest) -> Warmth:
         raise _cache_unusable(exc) from None
     try:
         started = time.monotonic()
-        outcome = _probe(path, guest)
+        outcome = _probe(path, guest, startup_timeout)
         if outcome.ending in (_hluk.Ending.NOT_STARTED, _hluk.Ending.KILLED):
             # As a case is: a case of another process that cold-booted at that moment (its
             # view of the cache was stale) may have removed the snapshot being written.
-            outcome = _probe(path, guest)
+            outcome = _probe(path, guest, startup_timeout)
     finally:
         lock.release()
     seconds = time.monotonic() - started
-    if outcome.ending is _hluk.Ending.STARTUP_TIMEOUT:
+    if outcome.ending is _hluk.Ending.STARTUP_TIMEOUT and restore_within is None:
         raise BackendError(
             f"warming up {guest.image.label} took more than {WARM_UP_TIMEOUT_SECONDS:.0f} s: "
             "check the node's network to the image registry and hluk's cache",

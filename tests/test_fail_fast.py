@@ -1,0 +1,176 @@
+"""Fail fast while the backend is down: a guest's gate (see _warmup.Gate).
+
+When hluk stops starting guests, cases must not each wait out the start-up deadline; a brief
+failure, even one that every case of a batch meets at once, must not fail the batch. Whether a
+case waited is read from what ran: a case answered at once started no hluk process."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostside import KVM_FAILURE, Host, fail_with, result, run, sandbox_error
+
+from verl_hyperlight import _warmup
+
+AT_ONCE = "answered at once"
+OPENED = "so its cases are answered SandboxError at once"
+CLOSED = "starts again"
+# Long enough for the stand-in to start on a loaded machine: only hung runs wait it out.
+DEADLINE = 5
+
+
+class Clock:
+    """The gate's clock, moved past a back-off on demand rather than slept through."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.skipped
+
+    def skip_back_off(self) -> None:
+        self.skipped += _warmup.RETRY_AFTER_SECONDS + 1
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    found = Clock()
+    monkeypatch.setattr(_warmup, "time", found)
+    return found
+
+
+def in_threads(count: int, threads: int, case: Callable[[int], Any]) -> list[Any]:
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(case, range(count)))
+
+
+def logged(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if words in r.getMessage()]
+
+
+@pytest.fixture
+def hang_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Write N to it and the stand-in's next N runs hang before the guest starts. The deadline
+    is longer: every run must reach the point where it hangs before it, or the next takes its
+    hang."""
+    path = tmp_path / "hang"
+    path.write_text("0")
+    monkeypatch.setenv("HLUK_STANDIN_HANG_FILE", str(path))
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", str(2 * DEADLINE))
+    return path
+
+
+def test_while_hluk_hangs_later_cases_are_answered_at_once_without_running_hluk(
+    host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="verl_hyperlight")
+    run("pass")
+    cases, probes = len(host.case_runs()), len(host.warm_ups())
+    monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", str(DEADLINE))
+
+    messages = in_threads(24, 8, lambda i: sandbox_error(run(f"print({i})")))
+
+    # The first wave of 8 waited for its start; one probe, which those 8 then waited for,
+    # hung too and opened the gate; every later case was answered without running hluk.
+    assert len(host.case_runs()) - cases == 8
+    assert len(host.warm_ups()) - probes == 1
+    waited = [m for m in messages if AT_ONCE not in m]
+    assert len(waited) == 1
+    assert all(f"did not start within {DEADLINE} s" in m for m in messages)
+    assert len(logged(caplog, OPENED)) == 1
+
+
+def test_a_brief_stall_that_every_case_of_a_batch_meets_fails_none_of_them(
+    host: Host, hang_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run("pass")
+    # Each of the 8 first runs hangs past its deadline; the stall is over by the probe.
+    hang_file.write_text("8")
+    responses = in_threads(16, 8, lambda i: run(f"print({i})"))
+    assert [result(r)[:4] for r in responses] == [
+        ("Success", "Finished", 0, f"{i}\n") for i in range(16)
+    ]
+    assert hang_file.read_text() == "0"  # the stall did happen
+    assert logged(caplog, OPENED) == []
+
+
+def test_a_hluk_crashing_before_the_guest_opens_the_gate_after_three_failures_in_a_row(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run("pass")
+    cases, probes = len(host.case_runs()), len(host.warm_ups())
+    monkeypatch.setenv("HLUK_STANDIN_SIGNAL", "SEGV")
+
+    messages = [sandbox_error(run(f"print({i})")) for i in range(6)]
+
+    # First case: its run (1), then the probe before its retry (2, itself tried twice, as a
+    # probe that found the snapshot gone is). Second case: a probe (3): the gate opens.
+    assert len(host.case_runs()) - cases == 1
+    assert len(host.warm_ups()) - probes == 4
+    assert all("was killed by SIGSEGV" in m for m in messages)
+    assert [AT_ONCE in m for m in messages] == [False, False, True, True, True, True]
+
+
+def test_one_case_tries_an_open_gate_again_after_the_back_off_and_its_success_closes_it(
+    host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, clock: Clock
+) -> None:
+    caplog.set_level(logging.INFO, logger="verl_hyperlight")
+    run("pass")
+    monkeypatch.setenv("HLUK_STANDIN_SIGNAL", "SEGV")
+    for i in range(3):
+        sandbox_error(run(f"print({i})"))
+    assert AT_ONCE in sandbox_error(run("print(3)"))
+
+    # Still down after the back-off: one case's probe fails, the gate stays open, quietly.
+    clock.skip_back_off()
+    probes = len(host.warm_ups())
+    assert AT_ONCE not in sandbox_error(run("print(4)"))
+    assert len(host.warm_ups()) - probes == 2  # the probe, tried twice
+    assert AT_ONCE in sandbox_error(run("print(5)"))
+
+    # Back up: after the back-off the next case probes, runs, and closes the gate.
+    monkeypatch.delenv("HLUK_STANDIN_SIGNAL")
+    clock.skip_back_off()
+    probes = len(host.warm_ups())
+    answers = [result(run(f"print({i})"))[:4] for i in range(6, 10)]
+    assert answers == [("Success", "Finished", 0, f"{i}\n") for i in range(6, 10)]
+    assert len(host.warm_ups()) - probes == 1
+    assert len(logged(caplog, OPENED)) == 1
+    [closed] = logged(caplog, CLOSED)
+    assert "3 cases were answered SandboxError at once" in closed
+
+
+def test_while_one_case_tries_an_open_gate_the_others_are_answered_at_once(
+    host: Host, monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    run("pass")
+    monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", str(DEADLINE))
+    in_threads(4, 4, lambda i: sandbox_error(run(f"print({i})")))
+    clock.skip_back_off()
+    cases, probes = len(host.case_runs()), len(host.warm_ups())
+
+    messages = in_threads(8, 8, lambda i: sandbox_error(run(f"print({i})")))
+
+    # One of them probed (a second, hung, deadline); none of the others ran or waited on it.
+    assert len(host.case_runs()) - cases == 0
+    assert len(host.warm_ups()) - probes == 1
+    assert sum(AT_ONCE not in m for m in messages) == 1
+
+
+def test_a_guest_that_never_started_opens_its_gate_at_its_first_failed_warm_up(
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    fail_with(monkeypatch, fail_file, KVM_FAILURE, 100)
+    messages = [sandbox_error(run(f"print({i})")) for i in range(3)]
+    assert [AT_ONCE in m for m in messages] == [False, True, True]
+    assert all("kvm group" in m for m in messages)
+    assert len(host.warm_ups()) == 2  # the probe, tried twice; no case ran
+    assert host.case_runs() == []
