@@ -727,6 +727,27 @@ print("survived")
     assert "survived" not in console(result)
 
 
+def test_files_written_to_the_root_filesystem_count_against_the_guests_scratch_memory(
+    env: dict[str, str],
+) -> None:
+    # hluk's root filesystem is ramfs in the guest's scratch memory; the stand-in's is a tmpfs
+    # of no size of its own (its /tmp has one, and fills up with ENOSPC).
+    code = """
+import time
+chunk = b"x" * (1 << 20)
+with open("/hoard", "wb") as f:
+    for _ in range(160):
+        f.write(chunk)
+        f.flush()
+time.sleep(30)
+print("survived")
+"""
+    result = guest(env, code, "--scratch-mb", "128")
+    assert result.returncode == 137, console(result)
+    assert result.stderr.endswith(b"error: the guest exited with status 137\n")
+    assert "survived" not in console(result)
+
+
 # ---------------------------------------------------------------------------------------------
 # fault injection
 
