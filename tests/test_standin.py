@@ -471,6 +471,13 @@ def test_guest_dies_with_the_standin(env: dict[str, str]) -> None:
 # the driver
 
 
+def test_a_guest_killing_its_own_process_group_ends_only_the_guest(env: dict[str, str]) -> None:
+    # On hluk the guest's processes are the unikernel's: no signal of theirs reaches hluk.
+    result = guest(env, "import os, signal\nos.killpg(0, signal.SIGKILL)\n")
+    assert result.returncode == 137
+    assert result.stderr == b"error: the guest exited with status 137\n"
+
+
 def test_code_runs_as_main_without_file(env: dict[str, str]) -> None:
     assert guest_value(env, "[__name__, '__file__' in globals()]") == ["__main__", False]
 
@@ -723,6 +730,27 @@ print("survived")
 """
     result = guest(env, code, "--scratch-mb", "128")
     assert result.returncode == 137
+    assert result.stderr.endswith(b"error: the guest exited with status 137\n")
+    assert "survived" not in console(result)
+
+
+def test_files_written_to_the_root_filesystem_count_against_the_guests_scratch_memory(
+    env: dict[str, str],
+) -> None:
+    # hluk's root filesystem is ramfs in the guest's scratch memory; the stand-in's is a tmpfs
+    # of no size of its own (its /tmp has one, and fills up with ENOSPC).
+    code = """
+import time
+chunk = b"x" * (1 << 20)
+with open("/hoard", "wb") as f:
+    for _ in range(160):
+        f.write(chunk)
+        f.flush()
+time.sleep(30)
+print("survived")
+"""
+    result = guest(env, code, "--scratch-mb", "128")
+    assert result.returncode == 137, console(result)
     assert result.stderr.endswith(b"error: the guest exited with status 137\n")
     assert "survived" not in console(result)
 
