@@ -1216,6 +1216,467 @@ OUTPUT = [
     ),
 ]
 
+RAISED_IN_A_THREAD = """\
+import threading
+{setup}
+
+def work():
+    print("thread starts", end="")
+{statement}
+
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+print("main done", end="")
+"""
+
+
+def raised_in_main_and_in_a_thread(what: str, statement: str, setup: str = "") -> list[Program]:
+    """`statement` ending the main code, after output left in the buffer, and ending a thread."""
+    return [
+        program(f"{what}_at_module_level", f"{setup}\nprint('buffered', end='')\n{statement}\n"),
+        program(
+            f"{what}_in_a_thread",
+            RAISED_IN_A_THREAD.format(setup=setup, statement=textwrap.indent(statement, "    ")),
+        ),
+    ]
+
+
+CUSTOM_EXCEPTIONS = """
+class Custom(BaseException):
+    pass
+
+class Done(SystemExit):
+    pass
+
+class Interrupted(KeyboardInterrupt):
+    pass
+
+class UnprintableError(Exception):
+    def __str__(self):
+        raise ValueError("no str")
+"""
+
+# Every way a process ends, with output still buffered where it can be: each uncaught
+# BaseException (CPython kills itself with SIGINT after an uncaught KeyboardInterrupt, and
+# ignores SystemExit in a thread), each SystemExit payload, os._exit, signals a solution sends
+# itself, and exceptions where CPython only reports them (atexit, hooks, teardown).
+EXITS = [
+    *raised_in_main_and_in_a_thread("uncaught_keyboard_interrupt", "raise KeyboardInterrupt"),
+    *raised_in_main_and_in_a_thread(
+        "uncaught_keyboard_interrupt_with_a_message", "raise KeyboardInterrupt('stop')"
+    ),
+    *raised_in_main_and_in_a_thread(
+        "uncaught_keyboard_interrupt_subclass", "raise Interrupted()", CUSTOM_EXCEPTIONS
+    ),
+    *raised_in_main_and_in_a_thread(
+        "keyboard_interrupt_raised_while_handling_another",
+        "try:\n    1 / 0\nexcept ZeroDivisionError as exc:\n    raise KeyboardInterrupt from exc",
+    ),
+    *raised_in_main_and_in_a_thread("uncaught_generator_exit", "raise GeneratorExit('closing')"),
+    *raised_in_main_and_in_a_thread(
+        "uncaught_custom_base_exception", "raise Custom('custom')", CUSTOM_EXCEPTIONS
+    ),
+    *raised_in_main_and_in_a_thread(
+        "uncaught_system_exit_subclass", "raise Done(3)", CUSTOM_EXCEPTIONS
+    ),
+    *raised_in_main_and_in_a_thread(
+        "uncaught_base_exception_group_holding_keyboard_interrupt",
+        "raise BaseExceptionGroup('group', [KeyboardInterrupt(), ValueError(1)])",
+    ),
+    *raised_in_main_and_in_a_thread(
+        "uncaught_exception_group_holding_system_exit",
+        "raise BaseExceptionGroup('group', [SystemExit(4)])",
+    ),
+    *raised_in_main_and_in_a_thread(
+        "uncaught_exception_whose_str_raises", "raise UnprintableError()", CUSTOM_EXCEPTIONS
+    ),
+    *raised_in_main_and_in_a_thread("uncaught_memory_error", "raise MemoryError"),
+    program(
+        "exception_raised_from_none",
+        """
+        try:
+            {}[1]
+        except KeyError:
+            raise ValueError("clean") from None
+        """,
+    ),
+    program(
+        "keyboard_interrupt_with_a_replaced_excepthook",
+        """
+        import sys
+        sys.excepthook = lambda kind, value, tb: print("hooked", kind.__name__)
+        print("buffered", end="")
+        raise KeyboardInterrupt
+        """,
+    ),
+    program(
+        "keyboard_interrupt_with_an_excepthook_raising_system_exit",
+        """
+        import sys
+
+        def hook(kind, value, tb):
+            raise SystemExit(9)
+
+        sys.excepthook = hook
+        raise KeyboardInterrupt
+        """,
+    ),
+    program(
+        "keyboard_interrupt_runs_finally_atexit_and_flush_first",
+        """
+        import atexit
+        atexit.register(print, "atexit ran", end="")
+        try:
+            raise KeyboardInterrupt
+        finally:
+            print("finally ran")
+        """,
+    ),
+    program(
+        "keyboard_interrupt_then_os_exit_in_atexit",
+        """
+        import atexit, os
+        atexit.register(os._exit, 5)
+        raise KeyboardInterrupt
+        """,
+    ),
+    program(
+        "threading_excepthook_replaced",
+        """
+        import threading
+        threading.excepthook = lambda args: print("hooked", args.exc_type, args.thread.name)
+        thread = threading.Thread(target=lambda: 1 / 0, name="worker")
+        thread.start()
+        thread.join()
+        print("main done")
+        """,
+    ),
+    program(
+        "threading_excepthook_that_raises",
+        """
+        import threading
+
+        def hook(args):
+            raise RuntimeError("hook failed")
+
+        threading.excepthook = hook
+        thread = threading.Thread(target=lambda: 1 / 0, name="worker")
+        thread.start()
+        thread.join()
+        print("main done")
+        """,
+    ),
+    program(
+        "threading_excepthook_raising_system_exit",
+        """
+        import threading
+
+        def hook(args):
+            raise SystemExit(7)
+
+        threading.excepthook = hook
+        thread = threading.Thread(target=lambda: 1 / 0, name="worker")
+        thread.start()
+        thread.join()
+        print("main done")
+        """,
+    ),
+    program(
+        "keyboard_interrupt_in_an_atexit_handler",
+        """
+        import atexit
+
+        def stop():
+            raise KeyboardInterrupt
+
+        atexit.register(stop)
+        print("main done", end="")
+        """,
+    ),
+    program(
+        "custom_base_exception_in_an_atexit_handler",
+        """
+        import atexit
+
+        class Custom(BaseException):
+            pass
+
+        def stop():
+            raise Custom("in atexit")
+
+        atexit.register(stop)
+        print("main done", end="")
+        """,
+    ),
+    program(
+        "os_exit_in_an_atexit_handler_loses_buffered_output",
+        """
+        import atexit, os
+        atexit.register(os._exit, 6)
+        print("lost", end="")
+        """,
+    ),
+    program(
+        "del_raising_at_teardown",
+        """
+        class Bad:
+            def __del__(self):
+                raise ValueError("in del")
+
+        keep = Bad()
+        print("main done", end="")
+        """,
+    ),
+    program(
+        "del_raising_keyboard_interrupt_at_teardown",
+        """
+        class Bad:
+            def __del__(self):
+                raise KeyboardInterrupt
+
+        keep = Bad()
+        print("main done", end="")
+        """,
+    ),
+    program(
+        "del_calling_sys_exit_at_teardown",
+        """
+        import sys
+
+        class Bad:
+            def __del__(self):
+                sys.exit(5)
+
+        keep = Bad()
+        """,
+    ),
+    program(
+        "del_importing_at_teardown",
+        """
+        class Late:
+            def __del__(self):
+                import os
+                print("imported", os.sep)
+
+        keep = Late()
+        """,
+    ),
+    program(
+        "sys_exit_none_after_buffered_output", "import sys\nprint('b', end='')\nsys.exit(None)\n"
+    ),
+    program("sys_exit_1_after_buffered_output", "import sys\nprint('b', end='')\nsys.exit(1)\n"),
+    program("sys_exit_255", "import sys\nsys.exit(255)\n"),
+    program("sys_exit_false_is_0", "import sys\nsys.exit(False)\n"),
+    program("sys_exit_a_float", "import sys\nsys.exit(3.0)\n"),
+    program("sys_exit_an_empty_string", "import sys\nprint('b', end='')\nsys.exit('')\n"),
+    program("sys_exit_a_tuple", "import sys\nsys.exit((1, 2))\n"),
+    program("system_exit_with_several_arguments", "raise SystemExit(1, 'two')\n"),
+    program("sys_exit_an_int_enum", "import enum, sys\nsys.exit(enum.IntEnum('C', 'A B')(2))\n"),
+    program("sys_exit_below_a_c_long", "import sys\nsys.exit(-(2 ** 70))\n"),
+    program("sys_exit_beyond_a_c_int", "import sys\nsys.exit(2 ** 31 + 3)\n"),
+    program(
+        "sys_exit_an_object_whose_str_raises",
+        """
+        import atexit, sys
+
+        class Unprintable:
+            def __str__(self):
+                raise ValueError("no str")
+
+        atexit.register(print, "atexit ran")
+        print("buffered", end="")
+        sys.exit(Unprintable())
+        """,
+    ),
+    program(
+        "sys_exit_in_finally_replaces_the_exception",
+        """
+        import sys
+        try:
+            raise ValueError("hidden")
+        finally:
+            sys.exit(6)
+        """,
+    ),
+    program("builtin_exit_with_a_string", "exit('bye')\n"),
+    program("builtin_quit_after_buffered_output", "print('b', end='')\nquit(9)\n"),
+    program("os_exit_255", "import os\nos._exit(255)\n"),
+    program("os_exit_256_is_0", "import os\nprint('lost', end='')\nos._exit(256)\n"),
+    program("os_exit_minus_1_is_255", "import os\nos._exit(-1)\n"),
+    program(
+        "os_exit_in_a_thread",
+        """
+        import os, threading, time
+        print("flushed", flush=True)
+        print("lost", end="")
+        threading.Thread(target=os._exit, args=(3,)).start()
+        time.sleep(5)
+        """,
+    ),
+    program(
+        "sigint_to_itself_is_an_uncaught_keyboard_interrupt",
+        """
+        import os, signal
+        print("buffered", end="")
+        os.kill(os.getpid(), signal.SIGINT)
+        print("not reached")
+        """,
+    ),
+    program(
+        "sigint_raised_and_caught",
+        """
+        import signal
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            print("caught")
+        """,
+    ),
+    program(
+        "sigterm_to_itself_kills_it",
+        """
+        import os, signal
+        print("flushed", flush=True)
+        print("lost", end="")
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("not reached")
+        """,
+    ),
+    program(
+        "sigkill_to_itself",
+        """
+        import os, signal
+        print("flushed", flush=True)
+        print("lost", end="")
+        os.kill(os.getpid(), signal.SIGKILL)
+        """,
+    ),
+    program(
+        "sigsegv_to_itself",
+        """
+        import os, signal
+        os.write(2, b"written\\n")
+        os.kill(os.getpid(), signal.SIGSEGV)
+        """,
+    ),
+    program("raise_signal_sigterm", "import signal\nprint('l', end='')\nsignal.raise_signal(15)\n"),
+    program("raise_signal_sigusr1", "import signal\nsignal.raise_signal(signal.SIGUSR1)\n"),
+    program(
+        "raise_signal_sigchld_is_ignored",
+        "import signal\nsignal.raise_signal(signal.SIGCHLD)\nprint('still here')\n",
+    ),
+    program(
+        "pthread_kill_of_the_main_thread",
+        """
+        import signal, threading
+        print("lost", end="")
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        """,
+    ),
+    program(
+        "os_abort",
+        """
+        import os
+        print("flushed", flush=True)
+        print("lost", end="")
+        os.abort()
+        """,
+    ),
+    program(
+        "sigterm_handler_exits",
+        """
+        import os, signal, sys
+
+        def handler(signum, frame):
+            print("handled", signal.Signals(signum).name, frame.f_lineno)
+            sys.exit(3)
+
+        signal.signal(signal.SIGTERM, handler)
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("not reached")
+        """,
+    ),
+    program(
+        "sigterm_handler_raises",
+        """
+        import os, signal
+
+        def handler(signum, frame):
+            raise RuntimeError("from the handler")
+
+        signal.signal(signal.SIGTERM, handler)
+        os.kill(os.getpid(), signal.SIGTERM)
+        """,
+    ),
+    program(
+        "sigterm_handler_returns",
+        """
+        import os, signal
+        signal.signal(signal.SIGTERM, lambda signum, frame: print("handled"))
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("went on")
+        """,
+    ),
+    program(
+        "sigterm_ignored",
+        """
+        import os, signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("went on")
+        """,
+    ),
+    program(
+        "sigint_to_its_default_action",
+        """
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        print("lost", end="")
+        signal.raise_signal(signal.SIGINT)
+        """,
+    ),
+    program(
+        "kill_with_an_invalid_signal",
+        """
+        import os
+        try:
+            os.kill(os.getpid(), 1000)
+        except OSError as exc:
+            print(type(exc).__name__, exc)
+        os.kill(os.getpid(), 0)
+        print("signal 0 checks only")
+        """,
+    ),
+    program(
+        "recursion_error_caught_then_sys_exit",
+        """
+        import sys
+
+        def down(n):
+            return down(n + 1)
+
+        try:
+            down(0)
+        except RecursionError as exc:
+            print("caught", exc)
+        sys.exit(2)
+        """,
+    ),
+    program(
+        "deep_recursion_with_a_raised_limit",
+        """
+        import sys
+        sys.setrecursionlimit(10 ** 6)
+
+        def depth(n):
+            return 0 if n == 0 else 1 + depth(n - 1)
+
+        print(depth(200_000))
+        """,
+    ),
+]
+
 TIMEOUTS = [
     program("infinite_loop_times_out", "while True:\n    pass\n", run_timeout=1.0),
     program(
@@ -1301,6 +1762,49 @@ DIVERGENCES = [
         divergence=Divergence("`time.process_time()` does not advance", {"stdout": "False\n"}),
     ),
     program(
+        "faulthandler_report_of_a_fatal_signal_it_sends_itself",
+        """
+        import faulthandler, os
+        faulthandler.enable()
+        print("lost", end="")
+        os.abort()
+        """,
+        divergence=Divergence("no `faulthandler` report", {"stderr": "", "last_stderr_line": ""}),
+    ),
+    program(
+        "faulthandler_dump_shows_frames_beneath_the_solution",
+        """
+        import faulthandler
+        with open("dump.txt", "w") as dump:
+            faulthandler.dump_traceback(dump)
+        frames = open("dump.txt").read().splitlines()[1:]
+        print(all("solution.py" in frame for frame in frames))
+        """,
+        divergence=Divergence(
+            "`faulthandler.dump_traceback` shows the runner's frames", {"stdout": "False\n"}
+        ),
+    ),
+    program(
+        "recursion_through_c_code_stops_sooner",
+        """
+        import functools, sys
+        sys.setrecursionlimit(10 ** 6)
+        deepest = 0
+
+        @functools.lru_cache(maxsize=None)
+        def down(n):
+            global deepest
+            deepest = n
+            return down(n + 1)
+
+        try:
+            down(0)
+        except RecursionError:
+            print(deepest)
+        """,
+        divergence=Divergence("through C code", {"stdout": "495\n"}),
+    ),
+    program(
         "partial_output_on_timeout",
         """
         import time
@@ -1323,7 +1827,7 @@ RANDOM = program(
     runs=2,
 )
 
-PROGRAMS = [*STDIN, *ENDINGS, *ENVIRONMENT, *OUTPUT, *TIMEOUTS, *DIVERGENCES]
+PROGRAMS = [*STDIN, *ENDINGS, *EXITS, *ENVIRONMENT, *OUTPUT, *TIMEOUTS, *DIVERGENCES]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -614,6 +614,16 @@ def test_guest_process_exit_is_reported_with_its_status(env: dict[str, str]) -> 
     assert console(result) == "before\n"
 
 
+def test_guest_killed_by_a_signal_is_reported_with_the_signal_number(env: dict[str, str]) -> None:
+    # The guest kernel ends a process killed by signal N with exit status N (not the shell's
+    # 128 + N): hluk reports that status as it reports any other.
+    code = "import os, signal\nprint('before', flush=True)\nos.kill(os.getpid(), signal.SIGTERM)"
+    result = guest(env, code)
+    assert result.returncode == 15
+    assert result.stderr == b"error: the guest exited with status 15\n"
+    assert console(result) == "before\n"
+
+
 def test_a_successful_run_says_nothing_on_stderr(env: dict[str, str]) -> None:
     result = guest(env, "print('fine')")
     assert (result.returncode, result.stderr) == (0, b"")

@@ -35,6 +35,7 @@ import io
 import json
 import operator
 import os
+import signal
 import stat
 import sys
 import threading
@@ -81,11 +82,21 @@ _allocate_lock = _thread.allocate_lock
 _setrecursionlimit = sys.setrecursionlimit
 _getrecursionlimit = sys.getrecursionlimit
 _start_new_thread = _thread.start_new_thread
+_getpid = os.getpid
+_kill = os.kill
+_pthread_kill = signal.pthread_kill
+_raise_signal = signal.raise_signal
+_get_ident = _thread.get_ident
+# The runner is imported in the interpreter's main thread, where signal handlers run.
+_main_thread_id = _thread.get_ident()
 
 _EXCEPTION_GROUP = getattr(builtins, "BaseExceptionGroup", None)
 _STD_NAMES = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
 _FD_DIRS = ("/dev/fd/", "/proc/self/fd/")
 _MISSING = object()
+# What a signal does to a process that has no handler for it, when it does not end it.
+_IGNORED_BY_DEFAULT = {signal.SIGCHLD, signal.SIGCONT, signal.SIGURG, signal.SIGWINCH}
+_STOPS_BY_DEFAULT = {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
 
 
 def prepare(modules: list[str]) -> None:
@@ -334,6 +345,69 @@ def _exit_now(status: object) -> None:
     _os_exit(code)
 
 
+def _die_by_signal(signum: int) -> None:
+    """The end of a process killed by `signum`: what it had written is kept, what it buffered
+    is lost, and the status is the one `subprocess` reports for it, -signum. The guest kernel
+    would not deliver the signal, or would end the guest with status signum and its output
+    unreported."""
+    assert _case is not None
+    _case.finish(-signum)
+    _os_exit(128 + signum)
+
+
+def _signal_self(signum: object, frame: types.FrameType | None) -> bool:
+    """Deliver `signum` to the solution's own process, from its main thread, as CPython does:
+    its Python handler runs with `frame`, or its default action is taken. False when it is left
+    to the real call: a signal number the call refuses, one that stops the process, one with a
+    handler set outside Python, or one sent from another thread (whose handler would run later,
+    in the main thread)."""
+    if _get_ident() != _main_thread_id or not isinstance(signum, int):
+        return False
+    signum = int(signum)
+    if not 0 < signum < signal.NSIG:
+        return False
+    handler = signal.getsignal(signum)
+    if handler is signal.SIG_IGN:
+        return True
+    if handler is signal.SIG_DFL:
+        if signum in _IGNORED_BY_DEFAULT:
+            return True
+        if signum in _STOPS_BY_DEFAULT:
+            return False
+        _die_by_signal(signum)
+    if not callable(handler):
+        return False
+    handler(signum, frame)
+    return True
+
+
+def _os_kill(pid: int, signum: int) -> None:
+    """os.kill for the solution: a signal to its own process is delivered by the runner."""
+    with _hidden:
+        if not (pid == _getpid() and _signal_self(signum, sys._getframe(1))):
+            _kill(pid, signum)
+
+
+def _signal_raise_signal(signum: int) -> None:
+    """signal.raise_signal for the solution, delivered by the runner."""
+    with _hidden:
+        if not _signal_self(signum, sys._getframe(1)):
+            _raise_signal(signum)
+
+
+def _signal_pthread_kill(thread_id: int, signum: int) -> None:
+    """signal.pthread_kill for the solution: a signal to its main thread is delivered by the
+    runner."""
+    with _hidden:
+        if not (thread_id == _main_thread_id and _signal_self(signum, sys._getframe(1))):
+            _pthread_kill(thread_id, signum)
+
+
+def _os_abort() -> None:
+    """os.abort for the solution: SIGABRT ends the process whatever handles it, as abort()."""
+    _die_by_signal(signal.SIGABRT)
+
+
 def _frame_depth(frame: types.FrameType | None) -> int:
     depth = 0
     while frame is not None:
@@ -424,7 +498,14 @@ def _system_exit_status(exc: SystemExit) -> int:
         # unraisable while it shuts down; the status is that of -1.
         _write_unraisable(OverflowError("Python int too large to convert to C long"), None)
         return 0xFF
-    _write_stderr(f"{code}\n")
+    try:
+        text = str(code)
+    except Exception as exc:
+        # CPython's write of the payload fails, and the error is reported as it shuts down.
+        _write_stderr("\n")
+        _write_unraisable(exc, None)
+        return 1
+    _write_stderr(f"{text}\n")
     return 1
 
 
@@ -436,6 +517,9 @@ def _exit_status(exc: BaseException) -> int:
     closed, shows its reference count)."""
     if isinstance(exc, SystemExit):
         return _system_exit_status(exc)
+    # A KeyboardInterrupt (exactly) that ends the main code makes CPython kill itself with
+    # SIGINT once it has shut down, unless the hook exits first.
+    status = -signal.SIGINT if type(exc) is KeyboardInterrupt else 1
     _strip_runner_frames(exc)
     sys.last_exc = exc  # type: ignore[attr-defined,unused-ignore]
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
@@ -445,7 +529,7 @@ def _exit_status(exc: BaseException) -> int:
     if hook is _MISSING:
         _write_stderr("sys.excepthook is missing\n")
         sys.__excepthook__(*args)
-        return 1
+        return status
     try:
         hook(*args)  # type: ignore[operator]
     except SystemExit as hook_exit:
@@ -456,7 +540,7 @@ def _exit_status(exc: BaseException) -> int:
         sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
         _write_stderr("\nOriginal exception was:\n")
         sys.__excepthook__(*args)
-    return 1
+    return status
 
 
 def _flush_io() -> None:
@@ -498,20 +582,25 @@ def _clear_module(namespace: dict[Any, Any]) -> None:
 
 def _finalize_main(main: weakref.ref[types.ModuleType]) -> None:
     """CPython's finalize_modules, as the solution's __main__ sees it: sys's special names
-    cleared, __main__ dropped from sys.modules so that collecting it runs the destructors of its
-    globals, and a module still alive after that cleared name by name."""
+    cleared, every module dropped from sys.modules (so that nothing can be imported, and a
+    traceback shows no source line) and collecting __main__ then runs the destructors of its
+    globals, and a module still alive after that cleared name by name. The modules are put
+    back for the runner once the solution's teardown is over."""
     saved = sys.path, sys.argv, sys.meta_path
     for name in ("path", "argv", "last_exc", "last_type", "last_value", "last_traceback"):
         setattr(sys, name, None)
     sys.meta_path = None  # type: ignore[assignment]
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
-    sys.modules["__main__"] = None  # type: ignore[assignment]
+    modules = dict(sys.modules)
+    del modules["__main__"]
+    sys.modules.clear()
     gc.collect()
     module = main()
     if module is not None:
         _clear_module(module.__dict__)
         del module
     gc.collect()
+    sys.modules.update(modules)
     sys.path, sys.argv, sys.meta_path = saved
 
 
@@ -538,7 +627,8 @@ def _interpreter_exit(status: int, main: weakref.ref[types.ModuleType]) -> int:
     atexit._run_exitfuncs()
     if sys.unraisablehook is unraisable_hook:
         sys.unraisablehook = solution_hook
-    if not _flush_std_files():
+    # A death by signal (a negative status) comes after the flush, whatever it did.
+    if not _flush_std_files() and status >= 0:
         status = FLUSH_FAILED_STATUS
     gc.collect()
     _finalize_main(main)
@@ -654,6 +744,10 @@ def _patch(case: _Case) -> None:
     replace(os, "open", _os_open_std)
     replace(os, "_exit", _exit_now)
     replace(os, "write", _write)
+    replace(os, "kill", _os_kill)
+    replace(os, "abort", _os_abort)
+    replace(signal, "raise_signal", _signal_raise_signal)
+    replace(signal, "pthread_kill", _signal_pthread_kill)
     replace(sys, "setrecursionlimit", _set_recursion_limit)
     replace(sys, "getrecursionlimit", _get_recursion_limit)
     if hasattr(threading, "_start_new_thread"):
