@@ -108,12 +108,9 @@ class Gate:
                 warmth = _warm_up(self.path, self.guest, startup_timeout if restore else None)
             except BackendError as failure:
                 self.failures_in_a_row += 1
-                # Still failing, never started (no case can run), or failing again and again.
-                if (
-                    self.failure is not None
-                    or self.seen is None
-                    or self.failures_in_a_row >= OPEN_AFTER
-                ):
+                # A failure alone, even of a first warm-up, may be a one-off: only failing
+                # again and again, or still failing once open, fails cases at once.
+                if self.failure is not None or self.failures_in_a_row >= OPEN_AFTER:
                     self._open(failure)
                 raise
             if self.failure is not None:
