@@ -715,7 +715,8 @@ def main(argv: list[str] | None = None) -> int:
                 reports.append(report)
                 for example in report.examples:
                     print(f"{via} x{threads}: {example}", flush=True)
-        print(table(reports))
+                # The table so far after each run: a long soak stopped early keeps its runs.
+                print(table(reports), flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 1 if any(report.failed for report in reports) else 0

@@ -72,9 +72,8 @@ def test_a_wrong_output_or_status_is_a_mis_grade_and_sandbox_error_is_not() -> N
         "files": {},
     }
     assert soak.judge(case, response) == "right"
-    assert soak.judge(case, {**response, "run_result": {**run, "stdout": "0\n"}}) in (
-        "mis-graded",
-        "right",  # only if the case's sum is 0
+    assert soak.judge(case, {**response, "run_result": {**run, "stdout": "wrong\n"}}) == (
+        "mis-graded"
     )
     failed = {**response, "status": "Failed", "run_result": {**run, "return_code": 1}}
     assert soak.judge(case, failed) == "mis-graded"
