@@ -12,6 +12,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -830,6 +831,95 @@ def test_kill_after_kills_a_running_guest(env: dict[str, str]) -> None:
     assert "survived" not in console(result)
 
 
+def faulty(env: dict[str, str], log: Path, faults: str) -> dict[str, str]:
+    return {**env, "HLUK_STANDIN_FAULTS": faults, "HLUK_STANDIN_FAULT_LOG": str(log)}
+
+
+def fault_log(log: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def case_dir(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A mount source with a file (and a directory, which is not listed), and the digests of
+    its regular files."""
+    source = tmp_path / "case"
+    (source / "sub").mkdir(parents=True)
+    (source / "solution.py").write_bytes(b"print(1)  # case 7\n")
+    digest = hashlib.sha256(b"print(1)  # case 7\n").hexdigest()
+    return source, {"solution.py": digest}
+
+
+def test_a_drawn_fail_fault_fails_before_the_guest_and_is_logged_with_the_mounts_files(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    source, digests = case_dir(tmp_path)
+    log = tmp_path / "faults.jsonl"
+    mount = ["--mount", f"{source}:/case", "--mount", f"{tmp_path / 'out'}:/out"]
+    (tmp_path / "out").mkdir()
+    result = guest(faulty(env, log, "seed=3,fail=1"), WRITE_TO_MOUNT, *mount)
+    assert (result.returncode, result.stdout) == (1, b"")
+    assert result.stderr == b"error: injected failure\n"
+    assert not (tmp_path / "out" / "ran").exists()
+    [line] = fault_log(log)
+    assert line["kind"] == "fail"
+    assert line["mounts"] == {str(source): digests, str(tmp_path / "out"): {}}
+
+
+def test_a_drawn_hang_fault_hangs_before_the_guest_and_is_logged(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    source, digests = case_dir(tmp_path)
+    log = tmp_path / "faults.jsonl"
+    with pytest.raises(subprocess.TimeoutExpired):
+        guest(faulty(env, log, "hang=1"), "print('ran')", "--mount", f"{source}:/case", timeout=2)
+    [line] = fault_log(log)
+    assert (line["kind"], line["mounts"]) == ("hang", {str(source): digests})
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["import time\ntime.sleep(30)\nprint('survived')", "print('quick')"],
+    ids=["mid-run", "a-quick-guest"],
+)
+def test_a_drawn_die_fault_kills_hluk_and_its_guest_after_the_guest_starts(
+    env: dict[str, str], tmp_path: Path, code: str
+) -> None:
+    source, digests = case_dir(tmp_path)
+    log = tmp_path / "faults.jsonl"
+    result = guest(faulty(env, log, "die=1"), code, "--mount", f"{source}:/case")
+    assert result.returncode == -signal.SIGKILL
+    assert b"survived" not in result.stdout and result.stderr == b""
+    [line] = fault_log(log)
+    assert (line["kind"], line["mounts"]) == ("die", {str(source): digests})
+
+
+def test_faults_are_drawn_per_run_and_only_the_injected_ones_are_logged(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    log = tmp_path / "faults.jsonl"
+    out = tmp_path / "out"
+    failed = 0
+    for run_number in range(16):
+        out.mkdir()
+        result = guest(
+            faulty(env, log, "seed=5,fail=0.5"), WRITE_TO_MOUNT, "--mount", f"{out}:/out"
+        )
+        ran = (out / "ran").exists()
+        assert (result.returncode, ran) in ((0, True), (1, False)), run_number
+        failed += not ran
+        shutil.rmtree(out)
+    # All 16 alike would mean nothing was drawn per run (a chance of 1 in 32,768).
+    assert 0 < failed < 16
+    assert [line["kind"] for line in fault_log(log)] == ["fail"] * failed
+
+
+@pytest.mark.parametrize("faults", ["fail=2", "crash=0.1", "fail=0.6,hang=0.6", "fail=x"])
+def test_an_invalid_faults_setting_is_an_error_line(env: dict[str, str], faults: str) -> None:
+    result = guest({**env, "HLUK_STANDIN_FAULTS": faults}, "print('ran')")
+    assert (result.returncode, result.stdout) == (1, b"")
+    assert result.stderr.startswith(b"error: HLUK_STANDIN_FAULTS: ")
+
+
 def test_a_slow_console_holds_the_guests_writes_back(env: dict[str, str]) -> None:
     # The guest times its own writes: with the console passing 256 KiB/s, 1 MiB cannot leave
     # the guest faster than the console takes it, less what the pty holds (well under 256 KiB).
@@ -866,6 +956,8 @@ def test_standin_variables_never_reach_the_guest(env: dict[str, str], tmp_path: 
         "HLUK_STANDIN_ARGV_LOG": str(tmp_path / "argv.jsonl"),
         "HLUK_STANDIN_SAVE_SECONDS": "0",
         "HLUK_STANDIN_RESTORE_SECONDS": "0",
+        "HLUK_STANDIN_FAULTS": "seed=1,fail=0",
+        "HLUK_STANDIN_FAULT_LOG": str(tmp_path / "faults.jsonl"),
     }
     hluk_vars = {"HLUK_PROFILE": "0", "HLUK_IMAGE_VERSION": "0.19.9"}
     # Another version is another image, pulled on first use: its lines are on stderr.
