@@ -25,11 +25,10 @@ def _load_soak():  # type: ignore[no-untyped-def]
 
 soak = _load_soak()
 
-# No hang faults here: a warm-up probe that draws one holds every case for the probe's 900 s
-# allowance; hangs of cases are covered by the full soak and by tests/test_timeouts.py. So the
-# start-up timeout need not be low, and is not: a loaded CI machine starts the stand-in slowly.
-FAULTS = "seed=11,fail=0.1,die=0.03"
-STARTUP_TIMEOUT = 30.0
+# Hangs too: a run or a probe that hangs waits out the start-up deadline, and no longer. The
+# deadline is not low: a loaded CI machine starts the stand-in slowly.
+FAULTS = "seed=11,fail=0.1,hang=0.02,die=0.03"
+STARTUP_TIMEOUT = 10.0
 
 
 @pytest.mark.parametrize(("via", "cases"), [("run_code", 80), ("serve", 50)])
@@ -46,10 +45,10 @@ def test_a_short_soak_answers_every_case_rightly_or_sandbox_error_and_leaks_noth
         0,
     ), report.examples
     assert report.leaked == (0, 0, 0, 0)
-    # Faults were injected (all 50 cases unfaulted: a chance of 1 in 1,000). Not asserted: that
-    # some case was answered right, as a warm-up that fails twice answers every case SandboxError
-    # for 30 s (the product's current retry window).
+    # Faults were injected (all 50 cases unfaulted: a chance of 1 in 1,000), and one-off faults
+    # failed no case but their own: most were answered right.
     assert sum(report.faults.values()) > 0, report.errors
+    assert report.judged["right"] > cases // 2, report.errors
 
 
 @pytest.mark.parametrize("kind", sorted(soak.KINDS))
