@@ -229,7 +229,8 @@ def _without_runner_frames(tb: types.TracebackType | None) -> types.TracebackTyp
 
 class _Hidden:
     """An exception leaving this block loses the runner's frames, as if raised by the C function
-    the runner stands in for. (Leaving a with block re-raises without adding a frame.)"""
+    the runner stands in for. (Leaving a with block re-raises without adding a frame. Before
+    3.11 it re-raises with the traceback it caught, so there the runner's frames stay.)"""
 
     def __enter__(self) -> None:
         return None
