@@ -29,6 +29,7 @@ import _thread
 import atexit
 import binascii
 import builtins
+import functools
 import gc
 import importlib
 import io
@@ -81,11 +82,16 @@ _allocate_lock = _thread.allocate_lock
 _setrecursionlimit = sys.setrecursionlimit
 _getrecursionlimit = sys.getrecursionlimit
 _start_new_thread = _thread.start_new_thread
+# From 3.13 threading starts its threads with this one instead.
+_start_joinable = getattr(_thread, "start_joinable_thread", None)
 
 _EXCEPTION_GROUP = getattr(builtins, "BaseExceptionGroup", None)
 _STD_NAMES = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
 _FD_DIRS = ("/dev/fd/", "/proc/self/fd/")
 _MISSING = object()
+# Up to 3.12 CPython starts no thread once the main code has ended; 3.13 still starts them
+# while it joins threads and runs the atexit handlers.
+_THREADS_AT_SHUTDOWN = sys.version_info >= (3, 13)
 
 
 def prepare(modules: list[str]) -> None:
@@ -372,14 +378,32 @@ def _descend(levels: int, function: Callable[..., object], args: tuple[object, .
         function(*args)
 
 
+def _refuse_after_main() -> None:
+    assert _case is not None
+    if _case.finalizing:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+
 def _start_thread(function: Callable[..., object], args: tuple[object, ...]) -> int:
-    """threading's thread starter: refuses once the solution has ended, and starts the thread
-    as deep as the solution's main code runs, so both reach the depth they reach in CPython."""
+    """threading's thread starter up to 3.12: refuses once the solution has ended, and starts
+    the thread as deep as the solution's main code runs, so both reach the depth they reach in
+    CPython."""
     with _hidden:
+        _refuse_after_main()
         assert _case is not None
-        if _case.finalizing:
-            raise RuntimeError("can't create new thread at interpreter shutdown")
         return _start_new_thread(_descend, (_case.frames_below - 1, function, args))
+
+
+def _start_joinable_thread(
+    function: Callable[[], object], handle: object = None, daemon: bool = True
+) -> object:
+    """threading's thread starter from 3.13, as _start_thread. (The partial is C: the thread's
+    first Python frame is _descend's, as there.)"""
+    with _hidden:
+        _refuse_after_main()
+        assert _case is not None and _start_joinable is not None
+        start = functools.partial(_descend, _case.frames_below - 1, function, ())
+        return _start_joinable(start, handle=handle, daemon=daemon)
 
 
 def _strip_runner_frames(exc: BaseException) -> None:
@@ -403,10 +427,11 @@ def _write_stderr(text: str) -> None:
         pass
 
 
-def _write_unraisable(exc: BaseException, obj: object) -> None:
-    """CPython's PyErr_WriteUnraisable: the exception goes to sys.unraisablehook."""
+def _write_unraisable(exc: BaseException, obj: object, err_msg: str | None = None) -> None:
+    """CPython's PyErr_WriteUnraisable (PyErr_FormatUnraisable with `err_msg`): the exception
+    goes to sys.unraisablehook."""
     _strip_runner_frames(exc)
-    args = _UnraisableHookArgs((type(exc), exc, exc.__traceback__, None, obj))
+    args = _UnraisableHookArgs((type(exc), exc, exc.__traceback__, err_msg, obj))
     try:
         sys.unraisablehook(args)
     except BaseException:
@@ -422,8 +447,12 @@ def _system_exit_status(exc: SystemExit) -> int:
         if -LONG_MAX - 1 <= code <= LONG_MAX:
             return code & 0xFF
         # CPython's conversion to a C long fails and leaves the error behind, reported as
-        # unraisable while it shuts down; the status is that of -1.
-        _write_unraisable(OverflowError("Python int too large to convert to C long"), None)
+        # unraisable while it shuts down (named as such from 3.13); the status is that of -1.
+        overflow = OverflowError("Python int too large to convert to C long")
+        if sys.version_info >= (3, 13):
+            _write_unraisable(overflow, None, "Exception ignored on threading shutdown")
+        else:
+            _write_unraisable(overflow, None)
         return 0xFF
     _write_stderr(f"{code}\n")
     return 1
@@ -481,7 +510,9 @@ def _flush_std_files() -> bool:
             stream.flush()
         except Exception as exc:
             ok = False
-            if name == "stdout":
+            if name == "stdout" and sys.version_info >= (3, 13):
+                _write_unraisable(exc, None, "Exception ignored on flushing sys.stdout")
+            elif name == "stdout":
                 _write_unraisable(exc, stream)
     return ok
 
@@ -537,6 +568,8 @@ def _interpreter_exit(status: int, main: weakref.ref[types.ModuleType]) -> int:
     except BaseException as exc:
         _write_unraisable(exc, threading)
     atexit._run_exitfuncs()
+    assert _case is not None
+    _case.finalizing = True
     if sys.unraisablehook is unraisable_hook:
         sys.unraisablehook = solution_hook
     if not _flush_std_files():
@@ -657,7 +690,9 @@ def _patch(case: _Case) -> None:
     replace(os, "write", _write)
     replace(sys, "setrecursionlimit", _set_recursion_limit)
     replace(sys, "getrecursionlimit", _get_recursion_limit)
-    if hasattr(threading, "_start_new_thread"):
+    if hasattr(threading, "_start_joinable_thread"):
+        replace(threading, "_start_joinable_thread", _start_joinable_thread)
+    else:
         replace(threading, "_start_new_thread", _start_thread)
     _setrecursionlimit(_getrecursionlimit() + case.frames_below)
 
@@ -705,7 +740,7 @@ def _run(case: _Case, source: bytes, path: str) -> int:
         namespace.pop("__file__", None)
         namespace.pop("__cached__", None)
     del namespace
-    case.finalizing = True
+    case.finalizing = not _THREADS_AT_SHUTDOWN
     return _interpreter_exit(status, main)
 
 
