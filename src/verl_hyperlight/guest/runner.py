@@ -89,9 +89,9 @@ _EXCEPTION_GROUP = getattr(builtins, "BaseExceptionGroup", None)
 _STD_NAMES = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
 _FD_DIRS = ("/dev/fd/", "/proc/self/fd/")
 _MISSING = object()
-# Up to 3.12 CPython starts no thread once the main code has ended; 3.13 still starts them
-# while it joins threads and runs the atexit handlers.
-_THREADS_AT_SHUTDOWN = sys.version_info >= (3, 13)
+# CPython 3.12 starts no thread once the main code has ended; 3.10, 3.11 and 3.13 still start
+# them while they join threads and run the atexit handlers.
+_THREADS_AT_SHUTDOWN = sys.version_info[:2] != (3, 12)
 
 
 def prepare(modules: list[str]) -> None:
