@@ -447,11 +447,12 @@ def _system_exit_status(exc: SystemExit) -> int:
         if -LONG_MAX - 1 <= code <= LONG_MAX:
             return code & 0xFF
         # CPython's conversion to a C long fails and leaves the error behind, reported as
-        # unraisable while it shuts down (named as such from 3.13); the status is that of -1.
+        # unraisable while it shuts down from 3.12 (named as such from 3.13), dropped before;
+        # the status is that of -1.
         overflow = OverflowError("Python int too large to convert to C long")
         if sys.version_info >= (3, 13):
             _write_unraisable(overflow, None, "Exception ignored on threading shutdown")
-        else:
+        elif sys.version_info >= (3, 12):
             _write_unraisable(overflow, None)
         return 0xFF
     _write_stderr(f"{code}\n")
