@@ -1520,3 +1520,8 @@ def test_the_standin_runs_with_only_path_home_and_hluk_variables(
 
 def test_the_guest_runs_the_interpreter_guest_python_chooses(env: dict[str, str]) -> None:
     assert guest_value(env, "sys.executable") == guest_python.find_python()
+
+
+def test_the_guests_import_path_holds_no_current_directory(env: dict[str, str]) -> None:
+    # hluk's driver puts no directory of its own on sys.path, as `python -c` puts "".
+    assert guest_value(env, "[p for p in sys.path if p in ('', '.', os.getcwd())]") == []

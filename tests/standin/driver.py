@@ -1,6 +1,6 @@
 """The stand-in's guest driver: what hluk's Python driver does inside the micro-VM.
 
-The stand-in hluk runs this file's text with ``python -s -P -X utf8 -c`` inside bubblewrap,
+The stand-in hluk runs this file's text with ``python -s -X utf8 -c`` inside bubblewrap,
 with only PATH (and, for a warm run, the snapshot's PYTHONHASHSEED) in its environment. It
 reproduces the driver's contract from docs/hluk.md and nothing kinder: the code runs in the
 globals of ``__main__`` with no ``__file__``, ``sys.argv`` is the driver's name, threads are not

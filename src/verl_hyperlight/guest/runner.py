@@ -29,6 +29,7 @@ import _thread
 import atexit
 import binascii
 import builtins
+import functools
 import gc
 import importlib
 import io
@@ -89,6 +90,8 @@ _raise_signal = signal.raise_signal
 _get_ident = _thread.get_ident
 # The runner is imported in the interpreter's main thread, where signal handlers run.
 _main_thread_id = _thread.get_ident()
+# From 3.13 threading starts its threads with this one instead.
+_start_joinable = getattr(_thread, "start_joinable_thread", None)
 
 _EXCEPTION_GROUP = getattr(builtins, "BaseExceptionGroup", None)
 _STD_NAMES = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
@@ -97,6 +100,9 @@ _MISSING = object()
 # What a signal does to a process that has no handler for it, when it does not end it.
 _IGNORED_BY_DEFAULT = {signal.SIGCHLD, signal.SIGCONT, signal.SIGURG, signal.SIGWINCH}
 _STOPS_BY_DEFAULT = {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
+# CPython 3.12 starts no thread once the main code has ended; 3.10, 3.11 and 3.13 still start
+# them while they join threads and run the atexit handlers.
+_THREADS_AT_SHUTDOWN = sys.version_info[:2] != (3, 12)
 
 
 def prepare(modules: list[str]) -> None:
@@ -240,7 +246,8 @@ def _without_runner_frames(tb: types.TracebackType | None) -> types.TracebackTyp
 
 class _Hidden:
     """An exception leaving this block loses the runner's frames, as if raised by the C function
-    the runner stands in for. (Leaving a with block re-raises without adding a frame.)"""
+    the runner stands in for. (Leaving a with block re-raises without adding a frame. Before
+    3.11 it re-raises with the traceback it caught, so there the runner's frames stay.)"""
 
     def __enter__(self) -> None:
         return None
@@ -445,14 +452,32 @@ def _descend(levels: int, function: Callable[..., object], args: tuple[object, .
         function(*args)
 
 
+def _refuse_after_main() -> None:
+    assert _case is not None
+    if _case.finalizing:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+
 def _start_thread(function: Callable[..., object], args: tuple[object, ...]) -> int:
-    """threading's thread starter: refuses once the solution has ended, and starts the thread
-    as deep as the solution's main code runs, so both reach the depth they reach in CPython."""
+    """threading's thread starter up to 3.12: refuses once the solution has ended, and starts
+    the thread as deep as the solution's main code runs, so both reach the depth they reach in
+    CPython."""
     with _hidden:
+        _refuse_after_main()
         assert _case is not None
-        if _case.finalizing:
-            raise RuntimeError("can't create new thread at interpreter shutdown")
         return _start_new_thread(_descend, (_case.frames_below - 1, function, args))
+
+
+def _start_joinable_thread(
+    function: Callable[[], object], handle: object = None, daemon: bool = True
+) -> object:
+    """threading's thread starter from 3.13, as _start_thread. (The partial is C: the thread's
+    first Python frame is _descend's, as there.)"""
+    with _hidden:
+        _refuse_after_main()
+        assert _case is not None and _start_joinable is not None
+        start = functools.partial(_descend, _case.frames_below - 1, function, ())
+        return _start_joinable(start, handle=handle, daemon=daemon)
 
 
 def _strip_runner_frames(exc: BaseException) -> None:
@@ -476,10 +501,11 @@ def _write_stderr(text: str) -> None:
         pass
 
 
-def _write_unraisable(exc: BaseException, obj: object) -> None:
-    """CPython's PyErr_WriteUnraisable: the exception goes to sys.unraisablehook."""
+def _write_unraisable(exc: BaseException, obj: object, err_msg: str | None = None) -> None:
+    """CPython's PyErr_WriteUnraisable (PyErr_FormatUnraisable with `err_msg`): the exception
+    goes to sys.unraisablehook."""
     _strip_runner_frames(exc)
-    args = _UnraisableHookArgs((type(exc), exc, exc.__traceback__, None, obj))
+    args = _UnraisableHookArgs((type(exc), exc, exc.__traceback__, err_msg, obj))
     try:
         sys.unraisablehook(args)
     except BaseException:
@@ -495,8 +521,13 @@ def _system_exit_status(exc: SystemExit) -> int:
         if -LONG_MAX - 1 <= code <= LONG_MAX:
             return code & 0xFF
         # CPython's conversion to a C long fails and leaves the error behind, reported as
-        # unraisable while it shuts down; the status is that of -1.
-        _write_unraisable(OverflowError("Python int too large to convert to C long"), None)
+        # unraisable while it shuts down from 3.12 (named as such from 3.13), dropped before;
+        # the status is that of -1.
+        overflow = OverflowError("Python int too large to convert to C long")
+        if sys.version_info >= (3, 13):
+            _write_unraisable(overflow, None, "Exception ignored on threading shutdown")
+        elif sys.version_info >= (3, 12):
+            _write_unraisable(overflow, None)
         return 0xFF
     try:
         text = str(code)
@@ -564,7 +595,9 @@ def _flush_std_files() -> bool:
             stream.flush()
         except Exception as exc:
             ok = False
-            if name == "stdout":
+            if name == "stdout" and sys.version_info >= (3, 13):
+                _write_unraisable(exc, None, "Exception ignored on flushing sys.stdout")
+            elif name == "stdout":
                 _write_unraisable(exc, stream)
     return ok
 
@@ -625,6 +658,8 @@ def _interpreter_exit(status: int, main: weakref.ref[types.ModuleType]) -> int:
     except BaseException as exc:
         _write_unraisable(exc, threading)
     atexit._run_exitfuncs()
+    assert _case is not None
+    _case.finalizing = True
     if sys.unraisablehook is unraisable_hook:
         sys.unraisablehook = solution_hook
     # A death by signal (a negative status) comes after the flush, whatever it did.
@@ -750,7 +785,9 @@ def _patch(case: _Case) -> None:
     replace(signal, "pthread_kill", _signal_pthread_kill)
     replace(sys, "setrecursionlimit", _set_recursion_limit)
     replace(sys, "getrecursionlimit", _get_recursion_limit)
-    if hasattr(threading, "_start_new_thread"):
+    if hasattr(threading, "_start_joinable_thread"):
+        replace(threading, "_start_joinable_thread", _start_joinable_thread)
+    else:
         replace(threading, "_start_new_thread", _start_thread)
     _setrecursionlimit(_getrecursionlimit() + case.frames_below)
 
@@ -798,7 +835,7 @@ def _run(case: _Case, source: bytes, path: str) -> int:
         namespace.pop("__file__", None)
         namespace.pop("__cached__", None)
     del namespace
-    case.finalizing = True
+    case.finalizing = not _THREADS_AT_SHUTDOWN
     return _interpreter_exit(status, main)
 
 
