@@ -97,18 +97,22 @@ class _FailureLog:
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {}
 
-    def record(self, cause: str, message: str, consequence: str) -> None:
+    def count(self, cause: str) -> int:
+        """Count one more case failed by `cause`; how many so far."""
         with self._lock:
             count = self.counts[cause] = self.counts.get(cause, 0) + 1
+        return count
+
+    def record(self, cause: str, message: str, consequence: str) -> None:
+        count = self.count(cause)
         if count == 1:
             logger.error("verl-hyperlight: %s (%s)", message, consequence)
         elif math.log10(count).is_integer():
             logger.error("verl-hyperlight: %d cases failed so far with: %s", count, message)
 
     def backend(self, failure: BackendError) -> None:
-        if failure.announced:
-            with self._lock:
-                self.counts[failure.cause] = self.counts.get(failure.cause, 0) + 1
+        if failure.announced:  # logged where it arose (a guest's gate opening)
+            self.count(failure.cause)
             return
         consequence = self.PERSISTENT if failure.persistent else self.ONE_OFF
         self.record(failure.cause, str(failure), consequence)
