@@ -492,7 +492,14 @@ def test_each_request_gets_one_access_log_line_with_its_request_id(serve: Serve)
     reply = served.post(body("print(1)"), headers={"x-request-id": "trace-42"})
     assert reply.headers["x-request-id"] == "trace-42"
     generated = httpx.get(f"{served.base}/v1/ping").headers["x-request-id"]
-    lines = [line for line in served.logged().splitlines() if "verl_hyperlight.access" in line]
+
+    def access_lines() -> list[str]:
+        return [line for line in served.logged().splitlines() if "verl_hyperlight.access" in line]
+
+    # A request's line is written once its response has gone out, so the client can be first.
+    ids = ("trace-42", generated)
+    wait_for(lambda: all(any(i in line for line in access_lines()) for i in ids))
+    lines = access_lines()
     [traced] = [line for line in lines if "trace-42" in line]
     assert '"POST /run_code" 200' in traced and "case=Success" in traced
     assert any(generated in line and '"GET /v1/ping" 200' in line for line in lines)
