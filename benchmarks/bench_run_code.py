@@ -1,29 +1,32 @@
-"""run_code's cost against baselines measured in the same run.
+"""What run_code costs on the host per case, against baselines measured in the same run.
 
-1. Orchestration overhead: the median wall time of one case through run_code against the
-   median of invoking hluk directly with the same argv on a ready case directory. The
-   difference is what run_code adds (validation, case files, warm-up check, reading and
-   parsing the console, shaping the response).
-   The stand-in's own run time (~0.1-0.2 s, varying by tens of ms) blurs that difference,
-   so it is measured again against a minimal hluk double, a shell script that answers
-   instantly with the frames the runner would print: there the difference is all ours.
-2. Throughput at concurrency 1, 2 and 8: cases per second through run_code against
-   `python solution.py` run directly on the host, same solution, same stdin.
-3. A reward worker's size: the median case in a process holding 2 GiB (as a worker with
-   torch loaded holds GBs), spawning hluk through setpriv (vfork) and through a preexec_fn
-   (fork, which copies the worker's page tables), against the same process without it.
+1. Orchestration, against an instant hluk double (a shell script that prints at once the
+   frames the runner would print; no guest at all), so the difference is all ours. For each
+   way of spawning hluk this machine has (the default first), at concurrency 1, 8 and 64:
+   the median and p99 wall time per case through run_code, and what it adds to the same
+   double spawned directly (posix_spawn, its two pipes read to their end, waited for: the
+   floor of any host side); the worker's CPU time per case (all its threads), and that of
+   its long-lived helper processes (the spawner, the cleaner of case directories). Then the
+   same in a worker holding 2 GiB (touched, as a reward worker with torch loaded holds GBs).
+2. Each per-case step's cost (CPU time of the case's thread, and wall time), measured inside
+   real cases at concurrency 1 by wrapping the functions that make up a case.
+3. The stand-in comparison: run_code against the stand-in hluk run directly with the same argv
+   (the stand-in's own ~0.1-0.2 s blurs the difference), and throughput at concurrency 1, 2
+   and 8 against `python solution.py` run directly on the host.
 
-Without HLUK_PATH it uses the stand-in hluk from tests/ (bubblewrap, a host CPython), whose
-per-run cost is far above real hluk's restore; the overhead in milliseconds is the figure
-that carries over. Usage: python benchmarks/bench_run_code.py [--cases N]
+Without HLUK_PATH it uses the stand-in hluk from tests/ (bubblewrap, a host CPython) for 3.
+Figures are noisy on a shared machine: compare the ratios and differences of one run.
+Usage: python benchmarks/bench_run_code.py [--cases N] [--skip-standin]
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import os
 import secrets
+import selectors
 import shlex
 import shutil
 import statistics
@@ -31,10 +34,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from verl_hyperlight import _hluk, run_code
+from verl_hyperlight import _api, _hluk, _warmup, run_code
 from verl_hyperlight._guest import guest_for, workload_code
 from verl_hyperlight._hluk import hluk_path
 
@@ -44,6 +51,8 @@ STDIN = " ".join(str(i) for i in range(1000)) + "\n"
 EXPECTED = f"{sum(range(1000))}\n"
 URL = "hyperlight://"
 MEMORY_MB = 1024
+CONCURRENCIES = (1, 8, 64)
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def use_standin_unless_configured(scratch: Path) -> str:
@@ -84,25 +93,6 @@ def instant_hluk(scratch: Path) -> Path:
     return double
 
 
-def per_case_medians(scratch: Path, cases: int) -> tuple[float, float]:
-    """Median of run_code and of hluk run directly, interleaved so load drift hits both."""
-    ours, direct = [], []
-    for _ in range(cases):
-        ours.append(one_case())
-        direct.append(direct_hluk(scratch))
-    return statistics.median(ours), statistics.median(direct)
-
-
-def print_overhead(label: str, m_ours: float, m_direct: float) -> None:
-    print(f"   {label}")
-    print(f"     run_code                 {m_ours * 1000:8.2f} ms")
-    print(f"     hluk directly, same argv {m_direct * 1000:8.2f} ms")
-    print(
-        f"     ratio {m_ours / m_direct:.3f}; run_code adds {(m_ours - m_direct) * 1000:.2f} ms "
-        "per case"
-    )
-
-
 def one_case() -> float:
     started = time.perf_counter()
     response, error = run_code(URL, SOLUTION, STDIN, 10, 10, MEMORY_MB)
@@ -112,20 +102,217 @@ def one_case() -> float:
     return elapsed
 
 
-def direct_hluk(scratch: Path) -> float:
-    """hluk with the argv run_code builds, on a case directory made beforehand."""
-    case_dir = scratch / "case"
+def case_argv(case_dir: Path) -> tuple[list[str], str]:
+    """The argv run_code builds for a case directory made beforehand, and its nonce."""
     case_dir.mkdir(exist_ok=True)
     (case_dir / "solution.py").write_text(SOLUTION)
     (case_dir / "stdin").write_text(STDIN)
     nonce = secrets.token_hex(16)
     argv = [hluk_path(), "run", *guest_for(URL, MEMORY_MB).args()]
     argv += ["--mount", f"{case_dir}:/case:ro", "--exec", workload_code("/case", nonce)]
+    return argv, nonce
+
+
+def spawned_directly(argv: list[str], nonce: str) -> float:
+    """The floor of any host side: posix_spawn, both pipes read to their end, the exit
+    waited for."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    started = time.perf_counter()
+    pid = os.posix_spawn(
+        argv[0],
+        argv,
+        {"PATH": os.environ.get("PATH", "")},
+        file_actions=[(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)],
+    )
+    os.close(out_w)
+    os.close(err_w)
+    output = bytearray()
+    with selectors.DefaultSelector() as selector:
+        selector.register(out_r, selectors.EVENT_READ)
+        selector.register(err_r, selectors.EVENT_READ)
+        while selector.get_map():
+            for key, _ in selector.select():
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fd)
+                elif key.fd == out_r:
+                    output += chunk
+    os.waitpid(pid, 0)
+    elapsed = time.perf_counter() - started
+    os.close(out_r)
+    os.close(err_r)
+    assert nonce.encode() + b" done" in output, output
+    return elapsed
+
+
+def stand_in_directly(scratch: Path) -> float:
+    argv, nonce = case_argv(scratch / "case")
     started = time.perf_counter()
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
     elapsed = time.perf_counter() - started
     assert done.returncode == 0 and nonce.encode() in done.stdout, done.stderr
     return elapsed
+
+
+def helper_ticks() -> dict[int, int]:
+    """CPU clock ticks of this process's live child processes (its long-lived helpers)."""
+    ticks = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue  # a thread that has just ended
+        for pid in children:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ticks[int(pid)] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def spawn_paths() -> list[str]:
+    """The ways of spawning hluk this machine has, the default first."""
+    if hasattr(_hluk, "spawn_paths"):
+        return list(_hluk.spawn_paths())
+    return (["setpriv"] if _hluk._setpriv() is not None else []) + ["fork"]  # before issue 12
+
+
+@contextmanager
+def spawning_with(path: str) -> Iterator[None]:
+    if hasattr(_hluk, "spawn_paths"):
+        os.environ[_hluk.SPAWN_ENV] = path
+        try:
+            yield
+        finally:
+            del os.environ[_hluk.SPAWN_ENV]
+        return
+    setpriv = _hluk._setpriv  # before issue 12
+    if path == "fork":
+        _hluk._setpriv = lambda: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _hluk._setpriv = setpriv  # type: ignore[method-assign]
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def timed_batch(
+    task: Callable[[], float], concurrency: int, cases: int
+) -> tuple[list[float], float, float]:
+    """Each case's wall time, and this process's and its helpers' CPU seconds per case."""
+    helpers = helper_ticks()
+    cpu = time.process_time()
+    with ThreadPoolExecutor(concurrency) as pool:
+        times = list(pool.map(lambda _: task(), range(cases)))
+    worker_cpu = (time.process_time() - cpu) / cases
+    after = helper_ticks()
+    helper_cpu = sum(after[pid] - helpers[pid] for pid in after if pid in helpers) / TICK / cases
+    return times, worker_cpu, helper_cpu
+
+
+def orchestration(scratch: Path, cases: int, paths: list[str], label: str) -> None:
+    """Section 1's table for each spawn path."""
+    double_argv, double_nonce = case_argv(scratch / "double-case")
+    direct = functools.partial(spawned_directly, double_argv, double_nonce)
+    print(f"\n1. {label}: wall ms per case (median, p99) and CPU ms per case")
+    print(
+        f"   {'spawn path':9} {'c':>3}  {'run_code':>15}  {'direct':>15}  {'added':>15}"
+        f"  {'worker CPU':>10} {'direct CPU':>10} {'helpers':>7}"
+    )
+    for path in paths:
+        with spawning_with(path):
+            one_case()
+            for concurrency in CONCURRENCIES if path == paths[0] else (1,):
+                count = max(cases, 10 * concurrency)
+                ours: list[float] = []
+                theirs: list[float] = []
+                cpu = [0.0, 0.0, 0.0]
+                for _ in range(2):  # interleaved, so load drift hits both
+                    times, worker_cpu, _ = timed_batch(direct, concurrency, count // 2)
+                    theirs += times
+                    cpu[1] += worker_cpu / 2
+                    times, worker_cpu, helper_cpu = timed_batch(one_case, concurrency, count // 2)
+                    ours += times
+                    cpu[0] += worker_cpu / 2
+                    cpu[2] += helper_cpu / 2
+                med, p99 = statistics.median(ours), percentile(ours, 0.99)
+                dmed, dp99 = statistics.median(theirs), percentile(theirs, 0.99)
+                print(
+                    f"   {path:9} {concurrency:3}  {med * 1e3:7.2f} {p99 * 1e3:7.2f}"
+                    f"  {dmed * 1e3:7.2f} {dp99 * 1e3:7.2f}"
+                    f"  {(med - dmed) * 1e3:7.2f} {(p99 - dp99) * 1e3:7.2f}"
+                    f"  {cpu[0] * 1e3:10.3f} {cpu[1] * 1e3:10.3f} {cpu[2] * 1e3:7.3f}"
+                )
+
+
+# The steps of a case, by the module attribute that makes each up (those that exist).
+STEPS = [
+    ("validate the request", _api, "_validate"),
+    ("case directory", _api.tempfile, "mkdtemp"),
+    ("case files", _api, "_write_case"),
+    ("cleaner bookkeeping", _api._janitor, "tell"),
+    ("warm-up gate", _warmup.Gate, "ensure_ready"),
+    ("gate: observe", _warmup.Gate, "observe"),
+    ("argv (guest args)", _api.Guest, "args"),
+    ("argv (workload code)", _api, "workload_code"),
+    ("environment", _hluk, "environment"),
+    ("spawn", _hluk, "_spawn"),
+    ("console read + scan", _hluk._Console, "read"),
+    ("kill group", _hluk, "_kill_group"),
+    ("decide", _hluk, "_decide"),
+    ("response", _api, "from_outcome"),
+    ("removal", _api.shutil, "rmtree"),
+    ("hluk run, all of it", _hluk, "run"),
+    ("run_code, all of it", sys.modules[__name__], "run_code"),
+]
+
+
+def per_step(cases: int) -> None:
+    """Section 2: wrap each step, run cases at concurrency 1, print each step's cost."""
+    cpu: dict[str, float] = defaultdict(float)
+    wall: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    originals = []
+    for name, owner, attribute in STEPS:
+        original = (
+            owner.__dict__.get(attribute)
+            if isinstance(owner, type)
+            else getattr(owner, attribute, None)
+        )
+        if original is None:
+            continue
+
+        def timed(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            wall_started, cpu_started = time.perf_counter(), time.thread_time()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                cpu[_name] += time.thread_time() - cpu_started
+                wall[_name] += time.perf_counter() - wall_started
+                calls[_name] += 1
+
+        originals.append((owner, attribute, original))
+        setattr(owner, attribute, timed)
+    try:
+        for _ in range(cases):
+            one_case()
+    finally:
+        for owner, attribute, original in originals:
+            setattr(owner, attribute, original)
+    print(f"\n2. each step of a case, at concurrency 1 ({cases} cases; CPU of the case's thread)")
+    print(f"   {'step':28} {'calls/case':>10} {'CPU us':>9} {'wall us':>9}")
+    for name, _, _ in STEPS:
+        if calls[name]:
+            print(
+                f"   {name:28} {calls[name] / cases:10.1f} {cpu[name] / cases * 1e6:9.1f}"
+                f" {wall[name] / cases * 1e6:9.1f}"
+            )
 
 
 def direct_python(scratch: Path, python: str) -> float:
@@ -153,57 +340,68 @@ def host_python() -> str:
     return str(next((p for p in found if os.access(p, os.X_OK)), sys.executable))
 
 
-def throughput(task, concurrency: int, cases: int) -> float:  # type: ignore[no-untyped-def]
+def rate(task: Callable[[], float], concurrency: int, cases: int) -> float:
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(lambda _: task(), range(cases)))
     return cases / (time.perf_counter() - started)
 
 
+def standin_comparison(scratch: Path, backend: str, cases: int) -> None:
+    """Section 3."""
+    one_case()  # warm-up: pull and snapshot, outside the measurements
+    stand_in_directly(scratch)
+    ours, direct = [], []
+    for _ in range(cases):  # interleaved, so load drift hits both
+        ours.append(one_case())
+        direct.append(stand_in_directly(scratch))
+    m_ours, m_direct = statistics.median(ours), statistics.median(direct)
+    print(f"\n3. with {backend}: per-case wall time, median")
+    print(f"     run_code                 {m_ours * 1000:8.2f} ms")
+    print(f"     hluk directly, same argv {m_direct * 1000:8.2f} ms")
+    print(
+        f"     ratio {m_ours / m_direct:.3f}; run_code adds {(m_ours - m_direct) * 1000:.2f} ms "
+        "per case"
+    )
+    python = host_python()
+    print("   throughput, cases/s (ratio = run_code / python solution.py)")
+    for concurrency in (1, 2, 8):
+        ours_rate = rate(one_case, concurrency, cases)
+        host_rate = rate(lambda: direct_python(scratch, python), concurrency, cases)
+        print(
+            f"     concurrency {concurrency}: run_code {ours_rate:7.1f}   "
+            f"python solution.py {host_rate:7.1f}   ratio {ours_rate / host_rate:.3f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", type=int, default=40, help="cases per measurement")
+    parser.add_argument("--cases", type=int, default=200, help="cases per figure of 1 and 2")
+    parser.add_argument("--standin-cases", type=int, default=30, help="cases per figure of 3")
+    parser.add_argument("--skip-standin", action="store_true", help="leave out section 3")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="verl-hyperlight-bench-"))
     try:
         backend = use_standin_unless_configured(scratch)
-        print(f"backend: {backend}; {os.cpu_count()} CPUs; {args.cases} cases per figure")
-        one_case()  # warm-up: pull and snapshot, outside the measurements
-        direct_hluk(scratch)
-        python = host_python()
-        print("\n1. per-case wall time, median")
-        print_overhead("with " + backend, *per_case_medians(scratch, args.cases))
         real_hluk = os.environ["HLUK_PATH"]
         os.environ["HLUK_PATH"] = str(instant_hluk(scratch))
-        one_case()
-        print_overhead(
-            "with an instant hluk double (orchestration alone)",
-            *per_case_medians(scratch, args.cases * 5),
+        paths = spawn_paths()
+        print(
+            f"{os.cpu_count()} CPUs; spawn paths here: {', '.join(paths)} (the first is the "
+            f"default); {args.cases} cases per figure at concurrency 1, 10 per thread above"
         )
-        os.environ["HLUK_PATH"] = real_hluk
-        print("\n2. throughput, cases/s (ratio = run_code / python solution.py)")
-        for concurrency in (1, 2, 8):
-            ours_rate = throughput(one_case, concurrency, args.cases)
-            host_rate = throughput(lambda: direct_python(scratch, python), concurrency, args.cases)
-            print(
-                f"   concurrency {concurrency}: run_code {ours_rate:7.1f}   "
-                f"python solution.py {host_rate:7.1f}   ratio {ours_rate / host_rate:.3f}"
-            )
-        print("\n3. median case in a worker holding 2 GiB (ratio = against the same without)")
-        setpriv = _hluk._setpriv
-        lean = statistics.median(one_case() for _ in range(args.cases))
+        orchestration(scratch, args.cases, paths, "an instant hluk double, a lean worker")
         ballast = bytearray(2 * 1024**3)
         for i in range(0, len(ballast), 4096):
             ballast[i] = 1  # touched, so the pages are resident as a worker's are
-        for name, launcher in (("setpriv + vfork", setpriv), ("preexec_fn + fork", None)):
-            if name.startswith("setpriv") and setpriv() is None:
-                print("   setpriv + vfork: no setpriv with --pdeathsig on this machine")
-                continue
-            _hluk._setpriv = launcher if launcher is not None else lambda: None  # type: ignore[assignment]
-            fat = statistics.median(one_case() for _ in range(args.cases))
-            print(f"   {name:18} {fat * 1000:8.1f} ms   ratio {fat / lean:.3f}")
-        _hluk._setpriv = setpriv  # type: ignore[method-assign]
+        orchestration(
+            scratch, args.cases // 4 or 1, paths, "an instant hluk double, a worker holding 2 GiB"
+        )
         del ballast
+        per_step(args.cases)
+        os.environ["HLUK_PATH"] = real_hluk
+        if not args.skip_standin:
+            standin_comparison(scratch, backend, args.standin_cases)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
