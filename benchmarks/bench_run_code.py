@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from verl_hyperlight import _api, _hluk, _warmup, run_code
+from verl_hyperlight import _api, _hluk, _spawn, _warmup, run_code
 from verl_hyperlight._guest import guest_for, workload_code
 from verl_hyperlight._hluk import hluk_path
 
@@ -172,29 +172,13 @@ def helper_ticks() -> dict[int, int]:
     return ticks
 
 
-def spawn_paths() -> list[str]:
-    """The ways of spawning hluk this machine has, the default first."""
-    if hasattr(_hluk, "spawn_paths"):
-        return list(_hluk.spawn_paths())
-    return (["setpriv"] if _hluk._setpriv() is not None else []) + ["fork"]  # before issue 12
-
-
 @contextmanager
 def spawning_with(path: str) -> Iterator[None]:
-    if hasattr(_hluk, "spawn_paths"):
-        os.environ[_hluk.SPAWN_ENV] = path
-        try:
-            yield
-        finally:
-            del os.environ[_hluk.SPAWN_ENV]
-        return
-    setpriv = _hluk._setpriv  # before issue 12
-    if path == "fork":
-        _hluk._setpriv = lambda: None  # type: ignore[assignment]
+    os.environ[_spawn.SPAWN_ENV] = path
     try:
         yield
     finally:
-        _hluk._setpriv = setpriv  # type: ignore[method-assign]
+        del os.environ[_spawn.SPAWN_ENV]
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -385,7 +369,7 @@ def main() -> None:
         backend = use_standin_unless_configured(scratch)
         real_hluk = os.environ["HLUK_PATH"]
         os.environ["HLUK_PATH"] = str(instant_hluk(scratch))
-        paths = spawn_paths()
+        paths = _spawn.spawn_paths()
         print(
             f"{os.cpu_count()} CPUs; spawn paths here: {', '.join(paths)} (the first is the "
             f"default); {args.cases} cases per figure at concurrency 1, 10 per thread above"

@@ -12,7 +12,7 @@ import pytest
 from conftest import STANDIN
 from hostside import KVM_FAILURE, Host, fail_with
 
-from verl_hyperlight import _hluk, doctor
+from verl_hyperlight import _hluk, _spawn, doctor
 from verl_hyperlight.cli import main
 
 
@@ -40,7 +40,7 @@ def test_a_healthy_node_passes_every_check_and_prints_one_line_each(
     assert main(["doctor"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # The stand-in's wrapper execs it: no wrapper line.
-    names = ["platform", "python", "hluk", "/dev/kvm", "cache", "snapshot", "case", "setpriv"]
+    names = ["platform", "python", "hluk", "/dev/kvm", "cache", "snapshot", "case", "spawn"]
     assert [line.split()[1] for line in lines] == [*names, "verl"]
     assert all(line.startswith("ok ") for line in lines), lines
     assert "print(1+1) answered 2" in "\n".join(lines)
@@ -160,12 +160,19 @@ def test_a_cold_node_warns_to_warm_up_and_is_warm_after(
     assert found["snapshot"]["status"] == "ok"
 
 
-def test_no_setpriv_warns_with_its_cost(
+def test_a_spawner_that_cannot_start_warns_with_the_way_taken_instead(
     host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(_hluk, "_setpriv", lambda: None)
+    monkeypatch.setattr(_spawn, "_spawner", None)
+    monkeypatch.setattr(_spawn, "_spawner_failure", "")
+    monkeypatch.setattr(_spawn, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
     _, found = run_doctor(capsys)
-    assert found["setpriv"]["status"] == "warn" and "util-linux" in found["setpriv"]["fix"]
+    assert found["spawn"]["status"] == "warn"
+    assert "exited with status 2" in found["spawn"]["detail"]
+    assert "setpriv" in found["spawn"]["detail"]
+    monkeypatch.setattr(_spawn, "setpriv", lambda: None)
+    _, found = run_doctor(capsys)
+    assert "fork" in found["spawn"]["detail"] and "util-linux" in found["spawn"]["fix"]
 
 
 def test_an_oversubscribed_sizing_fails_with_the_max_concurrent_that_fits(

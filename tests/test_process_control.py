@@ -24,7 +24,16 @@ from hostside import (
     wait_for,
 )
 
-from verl_hyperlight import _hluk, run_code
+from verl_hyperlight import _spawn, run_code
+
+
+@pytest.fixture(params=_spawn.PATHS)
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test here runs on each way of starting hluk (the spawner, setpriv, a fork)."""
+    if request.param == "setpriv" and _spawn.setpriv() is None:
+        pytest.skip("no setpriv with --pdeathsig here")
+    monkeypatch.setenv(_spawn.SPAWN_ENV, request.param)
+    return str(request.param)
 
 
 def sleeper(marker: str) -> str:
@@ -35,7 +44,7 @@ def sleeper(marker: str) -> str:
     )
 
 
-def test_a_timeout_kills_the_whole_process_group(host: Host) -> None:
+def test_a_timeout_kills_the_whole_process_group(host: Host, way: str) -> None:
     marker = uuid.uuid4().hex
     response = run(sleeper(marker) + "while True:\n    pass\n", run_timeout=1)
     assert result(response)[:3] == ("Failed", "TimeLimitExceeded", None)
@@ -45,9 +54,7 @@ def test_a_timeout_kills_the_whole_process_group(host: Host) -> None:
 # A reward worker with several cases in flight, each of which has started a child.
 WORKER = """
 import sys, threading, time
-from verl_hyperlight import _hluk, run_code
-if sys.argv[3] == "preexec":
-    _hluk._setpriv = lambda: None
+from verl_hyperlight import run_code
 for _ in range(int(sys.argv[2])):
     threading.Thread(
         target=run_code, args=("hyperlight://", sys.argv[1], "", None, 60, None), daemon=True
@@ -56,12 +63,9 @@ time.sleep(600)
 """
 
 
-@pytest.mark.parametrize("launch", ["setpriv", "preexec"])
 def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
-    host: Host, tmp_path: Path, launch: str
+    host: Host, tmp_path: Path, way: str
 ) -> None:
-    if launch == "setpriv" and _hluk._setpriv() is None:
-        pytest.skip("no setpriv with --pdeathsig here: hluk is spawned through preexec_fn")
     run("pass")  # the node is warm: the worker goes straight to its cases
     marker = uuid.uuid4().hex
     worker_tmp = tmp_path / f"worker-tmp-{marker}"
@@ -69,7 +73,7 @@ def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
     cases = 3
     code = sleeper(marker) + "import time\ntime.sleep(60)\n"
     worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER, code, str(cases), launch],
+        [sys.executable, "-c", WORKER, code, str(cases)],
         env={**os.environ, "TMPDIR": str(worker_tmp)},
     )
     try:
@@ -92,12 +96,9 @@ def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
     assert wait_for(lambda: not list(worker_tmp.iterdir())), list(worker_tmp.iterdir())
 
 
-@pytest.mark.parametrize("launch", ["setpriv", "preexec"])
 def test_nothing_is_left_behind_after_many_cases_including_failures(
-    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path, launch: str
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path, way: str
 ) -> None:
-    if launch == "preexec":
-        monkeypatch.setattr(_hluk, "_setpriv", lambda: None)
     run("pass")
     before = Usage.now(host)
     cases = [
@@ -127,7 +128,7 @@ def test_nothing_is_left_behind_after_many_cases_including_failures(
 
 
 def test_a_guest_death_is_answered_when_hluk_exits_though_a_descendant_holds_its_pipes(
-    host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
 ) -> None:
     # A wrapper that leaves a process holding hluk's stdout and stderr (for 60 s, past the 30 s
     # run_timeout): hluk's exit, not the end of its pipes, says the run is over, so the guest's

@@ -14,7 +14,6 @@ from __future__ import annotations
 import binascii
 import ctypes
 import enum
-import functools
 import math
 import mmap
 import os
@@ -23,13 +22,11 @@ import secrets
 import selectors
 import shutil
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from . import _spawn as _spawn_module
 from ._errors import BackendError
 from .guest import protocol
 
@@ -229,34 +226,6 @@ def check_version(path: str) -> str:
     return written
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """For preexec_fn: in the child, a process group of its own, and SIGKILL when `parent`
-    (the spawning process) dies, also if it died before the request took effect."""
-
-    def in_child() -> None:
-        os.setpgid(0, 0)
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return in_child
-
-
-def _pidfd(pid: int) -> int | None:
-    """A descriptor that becomes readable when `pid` exits, where the kernel has them."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 class _Output:
     """One stream's output, as the runner announced its size: written once, where it ends up.
     Large ones live in a mapping of their own, returned to the system when the case is done
@@ -450,26 +419,8 @@ def final_error(stderr: str) -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=1)
-def _setpriv() -> str | None:
-    """util-linux's setpriv, if it can set the parent-death signal (2.33 and later)."""
-    path = shutil.which("setpriv")
-    if path is None:
-        return None
-    try:
-        done = subprocess.run([path, "--help"], capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return path if b"--pdeathsig" in done.stdout else None
-
-
-def _spawn(argv: list[str], cwd: str | None) -> subprocess.Popen[bytes]:
-    """Start hluk in a process group of its own, to get SIGKILL when this process dies.
-
-    Through setpriv where there is one: Python then spawns with vfork, whose cost does not
-    grow with the reward worker's memory. A preexec_fn forces fork(), which copies the page
-    tables of the whole worker with the GIL held (about 100 ms per case for 2 GiB here).
-    """
+def _spawn(argv: list[str], cwd: str | None) -> _spawn_module.Process:
+    """Start hluk (see ``_spawn``): in a process group of its own, dying with this process."""
     path = argv[0]
     if not os.path.exists(path):
         raise BackendError(f"hluk was not found at {path}: {INSTALL_HINT}", "hluk-missing")
@@ -478,24 +429,8 @@ def _spawn(argv: list[str], cwd: str | None) -> subprocess.Popen[bytes]:
             f"hluk at {path} is not executable: chmod +x it, or point HLUK_PATH at hluk itself",
             "hluk-not-executable",
         )
-    setpriv = _setpriv()
-    options: dict[str, Any] = {
-        "stdin": subprocess.DEVNULL,
-        "stdout": subprocess.PIPE,
-        "stderr": subprocess.PIPE,
-        "close_fds": True,
-        "cwd": cwd,
-        "env": environment(),
-    }
     try:
-        if setpriv is not None:
-            command = [setpriv, "--pdeathsig", "KILL", "--", *argv]
-            return subprocess.Popen(command, start_new_session=True, **options)
-        return subprocess.Popen(
-            argv,
-            preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - no setpriv: no other way
-            **options,
-        )
+        return _spawn_module.spawn(argv, cwd, environment())
     except OSError as exc:
         raise BackendError(f"hluk at {path} could not start: {exc}", "hluk-broken") from None
 
@@ -525,9 +460,8 @@ def run(
     ended_at: float | None = None
     limit = startup_timeout
     deadline = spawned + startup_timeout
-    assert proc.stdout is not None and proc.stderr is not None
-    with proc, selectors.DefaultSelector() as selector:
-        exit_fd = _pidfd(proc.pid)
+    exit_fd = proc.exit_fd
+    with selectors.DefaultSelector() as selector:
         try:
             selector.register(proc.stdout, selectors.EVENT_READ)
             selector.register(proc.stderr, selectors.EVENT_READ)
@@ -552,17 +486,18 @@ def run(
                 if exit_fd is None or cancel is not None:
                     wait = min(wait, EXIT_POLL_SECONDS)
                 for key, _ in selector.select(wait):
-                    if key.fileobj == exit_fd:
-                        selector.unregister(exit_fd)
-                        hluk_exited = True
+                    if key.fd == exit_fd:
+                        if proc.exit_notice():
+                            selector.unregister(exit_fd)
+                            hluk_exited = True
                         continue
-                    if key.fileobj is proc.stdout:
+                    if key.fd == proc.stdout:
                         if not console.read(key.fd):
-                            selector.unregister(key.fileobj)
+                            selector.unregister(key.fd)
                     elif chunk := os.read(key.fd, READ_SIZE):
                         stderr.add(chunk)
                     else:
-                        selector.unregister(key.fileobj)
+                        selector.unregister(key.fd)
                 now = time.monotonic()
                 if started_at is None and console.started:
                     started_at, limit = now, run_timeout
@@ -573,7 +508,7 @@ def run(
                     deadline = now + limit
                 if console.done:
                     deadline = min(deadline, now + EXIT_GRACE_SECONDS)
-                if exit_fd is None and not hluk_exited and proc.poll() is not None:
+                if exit_fd is None and not hluk_exited and proc.poll():
                     hluk_exited = True
                 if hluk_exited:
                     deadline = min(deadline, now + DRAIN_SECONDS)
@@ -584,14 +519,13 @@ def run(
                     break
         finally:
             # Whatever ended the loop, nothing of this group outlives the call.
-            _kill_group(proc)
-            proc.wait()
-            if exit_fd is not None:
-                os.close(exit_fd)
+            proc.kill()
+            status = proc.wait()
+            proc.close()
     finished = ended_at if ended_at is not None else time.monotonic()
     hluk_stderr = stderr.text()
     hluk_error = final_error(hluk_stderr)
-    hluk_status = None if stopped is not None else proc.returncode
+    hluk_status = None if stopped is not None else status
     restored = re.findall(r"\brestored=(true|false)\b", hluk_stderr)
     return RawOutcome(
         ending=_decide(console, stopped, hluk_status, hluk_error),

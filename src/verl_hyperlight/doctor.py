@@ -20,7 +20,7 @@ import time
 from collections.abc import Generator, Iterator
 from dataclasses import asdict, dataclass
 
-from . import _hluk, _warmup
+from . import _hluk, _spawn, _warmup
 from ._api import run_code
 from ._errors import BackendError, InvalidRequest
 from ._guest import guest_for
@@ -74,7 +74,7 @@ def checks(options: Options) -> Iterator[Check]:
     yield from _cache()
     if path is not None:
         yield from _guest(path, options)
-    yield _setpriv()
+    yield _spawn_check()
     yield from _sizing(options)
     yield from _verl()
 
@@ -227,15 +227,16 @@ def _fix_of(message: str) -> str:
     return "see the message; `verl-hyperlight warm-up` says more"
 
 
-def _setpriv() -> Check:
-    if _hluk._setpriv() is None:
-        return warn(
-            "setpriv",
-            "no util-linux setpriv with --pdeathsig (2.33 or later): hluk is spawned through "
-            "fork, about 100 ms per case in a reward worker of 2 GiB",
-            "install util-linux 2.33 or later (e.g. apt install util-linux)",
-        )
-    return ok("setpriv", f"{_hluk._setpriv()} keeps spawning on vfork")
+def _spawn_check() -> Check:
+    cheap, how = _spawn.describe()
+    if cheap:
+        return ok("spawn", how)
+    return warn(
+        "spawn",
+        how,
+        f"check that {sys.executable} runs `-I -S`, and unset {_spawn.SPAWN_ENV}; else install "
+        "util-linux 2.33 or later (setpriv --pdeathsig), e.g. apt install util-linux",
+    )
 
 
 def _sizing(options: Options) -> Iterator[Check]:
