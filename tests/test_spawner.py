@@ -1,0 +1,128 @@
+"""The spawner (verl_hyperlight/spawner.py): what happens when it dies, cannot start, or was
+started by a thread that ends; and the setting that chooses how hluk is started. What every
+way must guarantee (process groups, death with the worker, nothing left) is in
+test_process_control.py, run on each way."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hostside import Host, children_of, processes_with, result, run, wait_for
+
+from verl_hyperlight import _spawn
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A process with no spawner yet (the tests' own is put back afterwards)."""
+    monkeypatch.delenv(_spawn.SPAWN_ENV, raising=False)
+    monkeypatch.setattr(_spawn, "_spawner", None)
+    monkeypatch.setattr(_spawn, "_spawner_failure", "")
+    yield
+    if _spawn._spawner is not None and _spawn._spawner.alive:
+        _spawn._spawner.stop("was a test's")
+
+
+def spawner_pid() -> int:
+    assert _spawn._spawner is not None and _spawn._spawner.process is not None
+    return _spawn._spawner.process.pid
+
+
+def test_hluk_is_started_by_the_spawner_not_by_the_worker(host: Host, fresh: None) -> None:
+    marker = str(host.tmpdir)  # in hluk's argv: the case directory it mounts
+    code = "import time\ntime.sleep(30)\n"
+    thread = threading.Thread(target=run, args=(code,), kwargs={"run_timeout": 5})
+    thread.start()
+    try:
+        assert wait_for(lambda: processes_with(marker))
+        spawner = spawner_pid()
+        assert spawner in children_of(os.getpid())
+        hluks = children_of(spawner)
+        assert hluks and not hluks & children_of(os.getpid())
+        assert all(os.getpgid(pid) == pid for pid in hluks)  # each in a group of its own
+    finally:
+        thread.join()
+
+
+def test_a_spawner_killed_mid_case_takes_its_hluk_and_the_next_case_starts_another(
+    host: Host, fresh: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    run("pass")
+    first = spawner_pid()
+    marker = str(host.tmpdir)  # in hluk's argv: the case directory it mounts
+    answers: list[dict[str, object]] = []
+    code = "import time\ntime.sleep(3)\n"
+    thread = threading.Thread(target=lambda: answers.append(run(code, run_timeout=60)))
+    thread.start()
+    assert wait_for(lambda: processes_with(marker))
+    os.kill(first, signal.SIGKILL)
+    thread.join(120)
+    # hluk was killed with it: the case's run failed as a backend failure, and its retry (on
+    # another spawner) ran the solution to its end.
+    assert not thread.is_alive()
+    assert wait_for(lambda: len(processes_with(marker)) == 0)
+    assert [result(answer)[:3] for answer in answers] == [("Success", "Finished", 0)]
+    assert spawner_pid() != first
+    assert result(run("print(1)"))[3] == "1\n"
+    assert any("spawner" in record.getMessage() for record in caplog.records)
+
+
+def test_a_spawner_started_by_a_thread_that_ends_outlives_it(host: Host, fresh: None) -> None:
+    # The parent-death signal follows the thread that started a process: the spawner is
+    # started by a thread of its own, so a reward thread pool's threads may come and go.
+    thread = threading.Thread(target=run, args=("pass",))
+    thread.start()
+    thread.join()
+    spawner = spawner_pid()
+    assert result(run("print(2)"))[3] == "2\n"
+    assert spawner_pid() == spawner and spawner in children_of(os.getpid())
+
+
+def test_a_spawner_that_cannot_start_leaves_cases_to_the_next_way_with_one_warning(
+    host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_spawn, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
+    caplog.set_level(logging.WARNING, "verl_hyperlight")
+    for _ in range(3):
+        assert result(run("print(3)"))[3] == "3\n"
+    warnings = [
+        r.getMessage() for r in caplog.records if "cannot start the spawner" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and "exited with status 2" in warnings[0]
+    assert _spawn._spawner is None or not _spawn._spawner.alive
+
+
+def test_an_unknown_way_is_logged_once_and_the_spawner_used(
+    host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    setting = f"vfork-{uuid.uuid4().hex[:6]}"  # a new value: the choice is cached per value
+    monkeypatch.setenv(_spawn.SPAWN_ENV, setting)
+    for _ in range(2):
+        assert result(run("print(4)"))[3] == "4\n"
+    errors = [r.getMessage() for r in caplog.records if setting in r.getMessage()]
+    assert len(errors) == 1 and "spawner, setpriv, fork" in errors[0]
+    assert _spawn._spawner is not None and _spawn._spawner.alive
+
+
+@pytest.mark.parametrize("way", _spawn.PATHS)
+def test_a_hluk_that_cannot_be_executed_is_a_backend_failure_on_every_way(
+    host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
+) -> None:
+    if way == "setpriv" and _spawn.setpriv() is None:
+        pytest.skip("no setpriv with --pdeathsig here")
+    monkeypatch.setenv(_spawn.SPAWN_ENV, way)
+    run("pass")  # warm, so the failure is the case's own
+    broken = tmp_path / "hluk"
+    broken.write_bytes(b"\x7fELF not really")  # executable, but not a program
+    broken.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(broken))
+    response = run("print(1)")
+    assert response["status"] == "SandboxError"
+    assert "could not start" in response["message"] or "failed" in response["message"]
