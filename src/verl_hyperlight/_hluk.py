@@ -19,7 +19,7 @@ import mmap
 import os
 import re
 import secrets
-import selectors
+import select
 import shutil
 import signal
 import threading
@@ -420,18 +420,21 @@ def final_error(stderr: str) -> str:
 
 
 def _spawn(argv: list[str], cwd: str | None) -> _spawn_module.Process:
-    """Start hluk (see ``_spawn``): in a process group of its own, dying with this process."""
+    """Start hluk (see ``_spawn``): in a process group of its own, dying with this process.
+    Why it could not start is looked into only when it could not."""
     path = argv[0]
-    if not os.path.exists(path):
-        raise BackendError(f"hluk was not found at {path}: {INSTALL_HINT}", "hluk-missing")
-    if os.path.isdir(path) or not os.access(path, os.X_OK):
-        raise BackendError(
-            f"hluk at {path} is not executable: chmod +x it, or point HLUK_PATH at hluk itself",
-            "hluk-not-executable",
-        )
     try:
         return _spawn_module.spawn(argv, cwd, environment())
     except OSError as exc:
+        if not os.path.exists(path):
+            raise BackendError(
+                f"hluk was not found at {path}: {INSTALL_HINT}", "hluk-missing"
+            ) from None
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            raise BackendError(
+                f"hluk at {path} is not executable: chmod +x it, or point HLUK_PATH at hluk itself",
+                "hluk-not-executable",
+            ) from None
         raise BackendError(f"hluk at {path} could not start: {exc}", "hluk-broken") from None
 
 
@@ -461,67 +464,72 @@ def run(
     limit = startup_timeout
     deadline = spawned + startup_timeout
     exit_fd = proc.exit_fd
-    with selectors.DefaultSelector() as selector:
-        try:
-            selector.register(proc.stdout, selectors.EVENT_READ)
-            selector.register(proc.stderr, selectors.EVENT_READ)
-            if exit_fd is not None:
-                selector.register(exit_fd, selectors.EVENT_READ)
-            while len(selector.get_map()) > (0 if hluk_exited or exit_fd is None else 1):
-                now = time.monotonic()
-                if now >= deadline:
-                    if not (hluk_exited or console.done):
-                        stopped = (
-                            Ending.STARTUP_TIMEOUT
-                            if started_at is None
-                            else Ending.TIMED_OUT
-                            if ended_at is None
-                            else Ending.COPY_OUT_TIMEOUT
-                        )
-                    break
-                if cancel is not None and cancel.is_set():
-                    stopped = Ending.CANCELLED
-                    break
-                wait = deadline - now
-                if exit_fd is None or cancel is not None:
-                    wait = min(wait, EXIT_POLL_SECONDS)
-                for key, _ in selector.select(wait):
-                    if key.fd == exit_fd:
-                        if proc.exit_notice():
-                            selector.unregister(exit_fd)
-                            hluk_exited = True
-                        continue
-                    if key.fd == proc.stdout:
-                        if not console.read(key.fd):
-                            selector.unregister(key.fd)
-                    elif chunk := os.read(key.fd, READ_SIZE):
-                        stderr.add(chunk)
-                    else:
-                        selector.unregister(key.fd)
-                now = time.monotonic()
-                if started_at is None and console.started:
-                    started_at, limit = now, run_timeout
-                    deadline = started_at + run_timeout
-                if ended_at is None and console.end is not None:
-                    # The solution has ended: its clock stops, the copy-out has its own.
-                    ended_at, limit = now, _copy_out_budget(console.end)
-                    deadline = now + limit
-                if console.done:
-                    deadline = min(deadline, now + EXIT_GRACE_SECONDS)
-                if exit_fd is None and not hluk_exited and proc.poll():
-                    hluk_exited = True
-                if hluk_exited:
-                    deadline = min(deadline, now + DRAIN_SECONDS)
-                if console.total > CONSOLE_LIMIT and not console.done:
-                    stopped = Ending.CONSOLE_LIMIT
-                    break
-                if console.refusal is not None:
-                    break
-        finally:
-            # Whatever ended the loop, nothing of this group outlives the call.
-            proc.kill()
-            status = proc.wait()
-            proc.close()
+    # poll(2), not epoll: for three descriptors it needs no kernel object made, filled and
+    # closed per case.
+    poller = select.poll()
+    watched = {proc.stdout, proc.stderr} | ({exit_fd} if exit_fd is not None else set())
+    for fd in watched:
+        poller.register(fd, select.POLLIN)
+    try:
+        while len(watched) > (0 if hluk_exited or exit_fd is None else 1):
+            now = time.monotonic()
+            if now >= deadline:
+                if not (hluk_exited or console.done):
+                    stopped = (
+                        Ending.STARTUP_TIMEOUT
+                        if started_at is None
+                        else Ending.TIMED_OUT
+                        if ended_at is None
+                        else Ending.COPY_OUT_TIMEOUT
+                    )
+                break
+            if cancel is not None and cancel.is_set():
+                stopped = Ending.CANCELLED
+                break
+            wait = deadline - now
+            if exit_fd is None or cancel is not None:
+                wait = min(wait, EXIT_POLL_SECONDS)
+            for fd, _ in poller.poll(math.ceil(min(wait, 86400.0) * 1000)):
+                if fd == exit_fd:
+                    if proc.exit_notice():
+                        poller.unregister(fd)
+                        watched.discard(fd)
+                        hluk_exited = True
+                    continue
+                if fd == proc.stdout:
+                    ended = not console.read(fd)
+                elif chunk := os.read(fd, READ_SIZE):
+                    stderr.add(chunk)
+                    ended = False
+                else:
+                    ended = True
+                if ended:
+                    poller.unregister(fd)
+                    watched.discard(fd)
+            now = time.monotonic()
+            if started_at is None and console.started:
+                started_at, limit = now, run_timeout
+                deadline = started_at + run_timeout
+            if ended_at is None and console.end is not None:
+                # The solution has ended: its clock stops, the copy-out has its own.
+                ended_at, limit = now, _copy_out_budget(console.end)
+                deadline = now + limit
+            if console.done:
+                deadline = min(deadline, now + EXIT_GRACE_SECONDS)
+            if exit_fd is None and not hluk_exited and proc.poll():
+                hluk_exited = True
+            if hluk_exited:
+                deadline = min(deadline, now + DRAIN_SECONDS)
+            if console.total > CONSOLE_LIMIT and not console.done:
+                stopped = Ending.CONSOLE_LIMIT
+                break
+            if console.refusal is not None:
+                break
+    finally:
+        # Whatever ended the loop, nothing of this group outlives the call.
+        proc.kill()
+        status = proc.wait()
+        proc.close()
     finished = ended_at if ended_at is not None else time.monotonic()
     hluk_stderr = stderr.text()
     hluk_error = final_error(hluk_stderr)

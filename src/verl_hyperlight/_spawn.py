@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import errno
 import functools
 import logging
 import os
@@ -104,6 +105,9 @@ class _Popened:
         command = argv
         preexec: Callable[[], None] | None = lambda: _die_with_parent(parent)  # noqa: E731
         if way == "setpriv" and (path := setpriv()) is not None:
+            if os.path.isdir(argv[0]) or not os.access(argv[0], os.X_OK):
+                # setpriv would only say so on hluk's stderr, after it started
+                raise OSError(errno.EACCES, "not an executable file", argv[0])
             command, preexec = [path, "--pdeathsig", "KILL", "--", *argv], None
         self.popen = subprocess.Popen(
             command,
