@@ -280,7 +280,8 @@ class _Spawner:
             )
 
     def spawn(self, argv: list[str], cwd: str | None, env: dict[str, str]) -> _Spawned:
-        fields = [b"r", os.fsencode(cwd or ""), b"%d" % len(argv), *map(os.fsencode, argv)]
+        where = os.fsencode(cwd or os.getcwd())  # as subprocess: this process's, by default
+        fields = [b"r", where, b"%d" % len(argv), *map(os.fsencode, argv)]
         fields += [os.fsencode(f"{name}={value}") for name, value in env.items()]
         stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
         stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)

@@ -12,12 +12,12 @@ Its stdin is a SOCK_SEQPACKET socket to the worker; its first message there is `
 Each message from the worker is one request:
 
 - ``r\\0CWD\\0ARGC\\0ARG...\\0ENV...`` with three descriptors (hluk's stdout and stderr, and a
-  status pipe): spawn ARGs in a process group of its own, in CWD, with ENV alone, stdin
-  /dev/null, SIGPIPE and SIGXFSZ at their defaults (as subprocess restores them). The status
-  pipe is written ``p<pid>`` once it runs, or ``x<message>`` if it could not be started, and
-  ``e<status>`` once it has exited (as subprocess gives it: -N for signal N), each line
-  ending in a newline, then closed. What it left in its group is killed before it is reaped,
-  while its pid (the group's id) cannot be reused.
+  status pipe): spawn ARGs in a process group of its own, in CWD (absolute), with ENV alone,
+  stdin /dev/null, SIGPIPE and SIGXFSZ at their defaults (as subprocess restores them). The
+  status pipe is written ``p<pid>`` once it runs, or ``x<message>`` if it could not be
+  started, and ``e<status>`` once it has exited (as subprocess gives it: -N for signal N),
+  each line ending in a newline, then closed. What it left in its group is killed before it
+  is reaped, while its pid (the group's id) cannot be reused.
 - ``k\\0PID``: kill PID's group, if PID is a child not yet reaped (so never a reused id).
 """
 
@@ -47,6 +47,7 @@ def _tell(status: int, line: bytes) -> None:
 class Spawner:
     def __init__(self, worker: int) -> None:
         self.children: dict[int, int] = {}  # pid -> its status pipe
+        self.cwd = b""  # the directory it is in, once it has chdir'd
         signal.signal(signal.SIGTERM, self.end)
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != worker:  # it died before the request took effect
@@ -106,7 +107,9 @@ class Spawner:
         cwd, argc = request[0], int(request[1])
         argv, env = request[2 : 2 + argc], request[2 + argc :]
         try:
-            os.chdir(cwd or "/")  # posix_spawn has no chdir of its own: the child inherits this
+            if cwd != self.cwd:  # posix_spawn has no chdir of its own: the child inherits this
+                os.chdir(cwd)
+                self.cwd = cwd
             pid = os.posix_spawn(
                 argv[0],
                 argv,
