@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -126,3 +128,32 @@ def test_a_hluk_that_cannot_be_executed_is_a_backend_failure_on_every_way(
     response = run("print(1)")
     assert response["status"] == "SandboxError"
     assert "could not start" in response["message"] or "failed" in response["message"]
+
+
+FORKING_WORKER = """
+import os, sys
+from verl_hyperlight import _spawn, run_code
+def case():
+    response, error = run_code("hyperlight://", "print(5)", "", None, 10, None)
+    assert response["run_result"]["stdout"] == "5\\n", (response, error)
+    return _spawn._spawner.process.pid
+parent_spawner = case()
+child = os.fork()
+if child == 0:
+    child_spawner = case()
+    with open(f"/proc/{child_spawner}/stat") as f:
+        its_parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    print(parent_spawner, child_spawner, its_parent == os.getpid(), flush=True)
+    os._exit(0)
+os.waitpid(child, 0)
+"""
+
+
+def test_a_forked_worker_starts_a_spawner_of_its_own(host: Host) -> None:
+    # The parent's spawner dies with the parent, and must not start the child's hluk.
+    done = subprocess.run(
+        [sys.executable, "-c", FORKING_WORKER], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    parent_spawner, child_spawner, its_own = done.stdout.split()
+    assert child_spawner != parent_spawner and its_own == "True"
