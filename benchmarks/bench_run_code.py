@@ -363,6 +363,7 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=200, help="cases per figure of 1 and 2")
     parser.add_argument("--standin-cases", type=int, default=30, help="cases per figure of 3")
     parser.add_argument("--skip-standin", action="store_true", help="leave out section 3")
+    parser.add_argument("--worker-gib", type=float, default=2.0, help="the large worker's size")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="verl-hyperlight-bench-"))
     try:
@@ -375,11 +376,14 @@ def main() -> None:
             f"default); {args.cases} cases per figure at concurrency 1, 10 per thread above"
         )
         orchestration(scratch, args.cases, paths, "an instant hluk double, a lean worker")
-        ballast = bytearray(2 * 1024**3)
+        ballast = bytearray(int(args.worker_gib * 1024**3))
         for i in range(0, len(ballast), 4096):
             ballast[i] = 1  # touched, so the pages are resident as a worker's are
         orchestration(
-            scratch, args.cases // 4 or 1, paths, "an instant hluk double, a worker holding 2 GiB"
+            scratch,
+            args.cases // 4 or 1,
+            paths,
+            f"an instant hluk double, a worker holding {args.worker_gib:g} GiB",
         )
         del ballast
         per_step(args.cases)

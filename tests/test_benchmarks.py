@@ -1,0 +1,35 @@
+"""The benchmark of run_code's host-side cost runs, and prints every figure it promises, on
+every way of starting hluk this machine has (a few cases each: its figures are not judged)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hostside import Host
+
+from verl_hyperlight import _spawn
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_run_code.py"
+
+
+def test_bench_run_code_prints_each_concurrency_each_way_and_each_step(host: Host) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--cases", "8", "--standin-cases", "2", "--worker-gib", "0.1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ,  # the host fixture's stand-in, for the stand-in comparison
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    for way in _spawn.spawn_paths():
+        assert sum(1 for row in rows if row[:1] == [way]) >= 2  # the lean and the large worker
+    default = [row for row in rows if row[:1] == [_spawn.spawn_paths()[0]]]
+    assert {row[1] for row in default} == {"1", "8", "64"}
+    assert all(len(row) == 11 for row in default)  # c, 3 x (median, p99), 3 x CPU
+    for step in ("case directory", "spawn", "console read + scan", "removal"):
+        assert step in done.stdout
+    assert "run_code adds" in done.stdout and "python solution.py" in done.stdout
