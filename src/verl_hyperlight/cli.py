@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Check this node, one line per check (ok, warn or fail), each warn or fail "
         "with the command or setting that fixes it: platform, hluk, /dev/kvm, hluk's cache, "
         "the guest (its warm snapshot, and a real case end to end, which leaves the node warm), "
-        "setpriv, the sizing (with --max-concurrent and --num-workers) and verl's plugin "
+        "how hluk is started (the spawner), the sizing (with --max-concurrent and --num-workers) "
+        "and verl's plugin "
         "setup. Exits 0 only when nothing fails.",
     )
     doctor.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
