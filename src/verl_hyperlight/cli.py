@@ -78,8 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         "with the command or setting that fixes it: platform, hluk, /dev/kvm, hluk's cache, "
         "the guest (its warm snapshot, and a real case end to end, which leaves the node warm), "
         "how hluk is started (the spawner), the sizing (with --max-concurrent and --num-workers) "
-        "and verl's plugin "
-        "setup. Exits 0 only when nothing fails.",
+        "and verl's plugin setup. Exits 0 only when nothing fails.",
     )
     doctor.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
     doctor.add_argument(
