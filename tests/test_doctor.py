@@ -163,7 +163,7 @@ def test_a_cold_node_warns_to_warm_up_and_is_warm_after(
 def test_a_spawner_that_cannot_start_warns_with_the_way_taken_instead(
     host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(_spawn, "_spawner", None)
+    monkeypatch.setattr(_spawn, "_spawners", {})
     monkeypatch.setattr(_spawn, "_spawner_failure", "")
     monkeypatch.setattr(_spawn, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
     _, found = run_doctor(capsys)

@@ -23,18 +23,21 @@ from verl_hyperlight import _spawn
 
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A process with no spawner yet (the tests' own is put back afterwards)."""
+    """A process with no spawner yet, and one at most (the tests' own are put back after)."""
     monkeypatch.delenv(_spawn.SPAWN_ENV, raising=False)
-    monkeypatch.setattr(_spawn, "_spawner", None)
+    monkeypatch.setattr(_spawn, "_spawners", {})
+    monkeypatch.setattr(_spawn, "SPAWNERS", 1)
     monkeypatch.setattr(_spawn, "_spawner_failure", "")
     yield
-    if _spawn._spawner is not None and _spawn._spawner.alive:
-        _spawn._spawner.stop("was a test's")
+    for spawner in _spawn._spawners.values():
+        if spawner.alive:
+            spawner.stop("was a test's")
 
 
-def spawner_pid() -> int:
-    assert _spawn._spawner is not None and _spawn._spawner.process is not None
-    return _spawn._spawner.process.pid
+def spawner_pid(slot: int = 0) -> int:
+    spawner = _spawn._spawners[slot]
+    assert spawner.process is not None
+    return spawner.process.pid
 
 
 def test_hluk_is_started_by_the_spawner_not_by_the_worker(host: Host, fresh: None) -> None:
@@ -98,7 +101,7 @@ def test_a_spawner_that_cannot_start_leaves_cases_to_the_next_way_with_one_warni
         r.getMessage() for r in caplog.records if "cannot start the spawner" in r.getMessage()
     ]
     assert len(warnings) == 1 and "exited with status 2" in warnings[0]
-    assert _spawn._spawner is None or not _spawn._spawner.alive
+    assert not any(spawner.alive for spawner in _spawn._spawners.values())
 
 
 def test_an_unknown_way_is_logged_once_and_the_spawner_used(
@@ -110,7 +113,7 @@ def test_an_unknown_way_is_logged_once_and_the_spawner_used(
         assert result(run("print(4)"))[3] == "4\n"
     errors = [r.getMessage() for r in caplog.records if setting in r.getMessage()]
     assert len(errors) == 1 and "spawner, setpriv, fork" in errors[0]
-    assert _spawn._spawner is not None and _spawn._spawner.alive
+    assert _spawn._spawners[0].alive
 
 
 @pytest.mark.parametrize("way", _spawn.PATHS)
@@ -133,10 +136,11 @@ def test_a_hluk_that_cannot_be_executed_is_a_backend_failure_on_every_way(
 FORKING_WORKER = """
 import os, sys
 from verl_hyperlight import _spawn, run_code
+_spawn.SPAWNERS = 1
 def case():
     response, error = run_code("hyperlight://", "print(5)", "", None, 10, None)
     assert response["run_result"]["stdout"] == "5\\n", (response, error)
-    return _spawn._spawner.process.pid
+    return _spawn._spawners[0].process.pid
 parent_spawner = case()
 child = os.fork()
 if child == 0:
@@ -157,3 +161,13 @@ def test_a_forked_worker_starts_a_spawner_of_its_own(host: Host) -> None:
     assert done.returncode == 0, done.stderr
     parent_spawner, child_spawner, its_own = done.stdout.split()
     assert child_spawner != parent_spawner and its_own == "True"
+
+
+def test_cases_take_a_workers_spawners_in_turn(
+    host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_spawn, "SPAWNERS", 2)
+    for _ in range(4):
+        assert result(run("print(6)"))[3] == "6\n"
+    assert sorted(_spawn._spawners) == [0, 1] and spawner_pid(0) != spawner_pid(1)
+    assert {spawner_pid(0), spawner_pid(1)} <= children_of(os.getpid())

@@ -23,6 +23,7 @@ import array
 import ctypes
 import errno
 import functools
+import itertools
 import logging
 import os
 import select
@@ -321,33 +322,41 @@ class _Spawner:
         self.process.kill()
 
 
+# posix_spawn holds a spawner until the child has exec'd (about 0.5 ms on our machines): one
+# spawner starts at most a couple of thousand hluk a second, a worker's 64 cases of a few
+# milliseconds can ask for more, so each worker has up to this many, taking cases in turn.
+SPAWNERS = max(1, min(4, len(os.sched_getaffinity(0))))
 _lock = threading.Lock()
-_spawner: _Spawner | None = None
-_spawner_failure = ""  # why it could not start, once it could not
+_spawners: dict[int, _Spawner] = {}  # by slot, 0 to SPAWNERS - 1
+_turn = itertools.count()
+_spawner_failure = ""  # why one could not start, once one could not
 
 
 def _forget_in_child() -> None:
-    """A forked worker starts its own spawner: the parent's dies with the parent."""
-    global _spawner, _lock
-    _spawner, _lock = None, threading.Lock()
+    """A forked worker starts spawners of its own: the parent's die with the parent."""
+    global _spawners, _lock
+    _spawners, _lock = {}, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _current_spawner() -> _Spawner | None:
-    """This process's spawner, started if there is none (or it died); None if it cannot."""
-    global _spawner, _spawner_failure
-    spawner = _spawner
+    """The spawner whose turn it is, started if there is none (or it died); None if one
+    cannot start."""
+    global _spawner_failure
+    slot = next(_turn) % SPAWNERS
+    spawner = _spawners.get(slot)
     if spawner is not None and spawner.alive:
         return spawner
     with _lock:
-        if _spawner is not None and _spawner.alive:
-            return _spawner
+        spawner = _spawners.get(slot)
+        if spawner is not None and spawner.alive:
+            return spawner
         if _spawner_failure:
             return None
         try:
-            _spawner = _Spawner()
+            spawner = _spawners[slot] = _Spawner()
         except (OSError, ValueError) as exc:
             _spawner_failure = str(exc) or type(exc).__name__
             logger.warning(
@@ -357,7 +366,7 @@ def _current_spawner() -> _Spawner | None:
                 _fallback(),
             )
             return None
-        return _spawner
+        return spawner
 
 
 def _fallback() -> str:
@@ -372,7 +381,10 @@ def describe() -> tuple[bool, str]:
     if way == "spawner":
         spawner = _current_spawner()
         if spawner is not None and spawner.process is not None:
-            return True, f"hluk is started by a spawner process (pid {spawner.process.pid})"
+            return True, (
+                f"hluk is started by spawner processes (up to {SPAWNERS} per worker; "
+                f"pid {spawner.process.pid} is one)"
+            )
         return (
             False,
             f"the spawner cannot start ({_spawner_failure}): hluk is started {_fallback()}",
