@@ -267,7 +267,7 @@ STEPS = [
     ("kill group", _hluk, "_kill_group"),
     ("decide", _hluk, "_decide"),
     ("response", _api, "from_outcome"),
-    ("removal", _api.shutil, "rmtree"),
+    ("removal", _api, "_remove_case"),
     ("hluk run, all of it", _hluk, "run"),
     ("run_code, all of it", sys.modules[__name__], "run_code"),
 ]

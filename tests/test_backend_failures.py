@@ -4,11 +4,13 @@ solution started is retried once."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import STANDIN
@@ -387,3 +389,19 @@ def test_hluks_decisive_error_line_is_read_after_a_long_stderr(
     fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 100)
     message = sandbox_error(run("print(1)"))
     assert "/dev/kvm: Permission denied" in message and "kvm group" in message
+
+
+def test_a_case_whose_files_could_not_all_be_written_is_a_sandbox_error_and_leaves_nothing(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run("pass")  # the node is warm: the case's own directory is all that is at stake
+    real_open = os.open
+
+    def disk_full_at_stdin(path: str, *args: Any, **kwargs: Any) -> int:
+        if os.path.basename(path) == "stdin":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", disk_full_at_stdin)
+    assert "No space left on device" in sandbox_error(run("print(1)"))
+    assert host.case_dirs() == []
