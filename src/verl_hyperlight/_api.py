@@ -309,6 +309,15 @@ def _case_files(case: Case) -> list[tuple[str, bytes]]:
     return files
 
 
+def _make_case_dir() -> str:
+    """A new directory, only ours, in the temporary directory (TMPDIR)."""
+    # As mkdtemp makes one, less its name's eight random.choice calls: 64 random bits do not
+    # collide.
+    case_dir = os.path.join(tempfile.gettempdir(), "verl-hyperlight-" + secrets.token_hex(8))
+    os.mkdir(case_dir, 0o700)
+    return case_dir
+
+
 def _write_case(case_dir: str, files: list[tuple[str, bytes]]) -> None:
     # Unbuffered, straight from the request's bytes: a file object costs more than the write.
     # The mode is open()'s, as the guest has always seen it.
@@ -337,7 +346,7 @@ def _remove_case(case_dir: str, names: list[str]) -> None:
 def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response:
     startup_timeout = _startup_timeout()
     files = _case_files(case)
-    case_dir = tempfile.mkdtemp(prefix="verl-hyperlight-")
+    case_dir = _make_case_dir()
     _janitor.tell(b"+", case_dir)
     # hluk splits --mount at its first colon: a case directory whose path has one is named
     # relative to the directory hluk runs in.
