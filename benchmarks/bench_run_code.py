@@ -238,7 +238,7 @@ def orchestration(scratch: Path, cases: int, paths: list[str], label: str) -> No
 # The steps of a case, by the module attribute that makes each up (those that exist).
 STEPS = [
     ("validate the request", _api, "_validate"),
-    ("case directory", _api.tempfile, "mkdtemp"),
+    ("case directory", _api, "_make_case_dir"),
     ("case files", _api, "_write_case"),
     ("cleaner bookkeeping", _api._janitor, "tell"),
     ("warm-up gate", _warmup.Gate, "ensure_ready"),
@@ -251,7 +251,7 @@ STEPS = [
     ("kill group", _hluk, "_kill_group"),
     ("decide", _hluk, "_decide"),
     ("response", _api, "from_outcome"),
-    ("removal", _api.shutil, "rmtree"),
+    ("removal", _api, "_remove_case"),
     ("hluk run, all of it", _hluk, "run"),
     ("run_code, all of it", sys.modules[__name__], "run_code"),
 ]

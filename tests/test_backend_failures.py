@@ -4,11 +4,13 @@ solution started is retried once."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import STANDIN
@@ -272,14 +274,21 @@ def test_the_console_before_the_start_still_explains_a_failed_start(
 # hluk's environment
 
 
-def test_hluk_gets_what_it_reads_of_the_workers_environment_and_nothing_else(
-    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+@pytest.fixture
+def hluk_environment(host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Where the environment of the last hluk run is written, one NAME=value a line."""
     seen = tmp_path / "environment"
     wrapper = tmp_path / "hluk"
     wrapper.write_text(f'#!/bin/sh\n/usr/bin/env > {seen}\nexec {os.environ["HLUK_PATH"]} "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("HLUK_PATH", str(wrapper))
+    return seen
+
+
+def test_hluk_gets_what_it_reads_of_the_workers_environment_and_nothing_else(
+    hluk_environment: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = hluk_environment
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-pass")
     monkeypatch.setenv("WANDB_API_KEY", "do-not-pass")
     monkeypatch.setenv("HLUK_REGISTRY", "ghcr.io/hyperlight-dev/hyperlight-unikraft")
@@ -291,6 +300,27 @@ def test_hluk_gets_what_it_reads_of_the_workers_environment_and_nothing_else(
     # What is left is hluk's, or what the operator added (the stand-in's own settings here).
     extra = {name for name in names if name not in _hluk.PASSED_ENVIRONMENT}
     assert all(name.startswith("HLUK_STANDIN_") for name in extra - {"PWD", "SHLVL", "_"}), extra
+
+
+def test_a_change_to_the_workers_environment_reaches_the_next_cases_hluk(
+    hluk_environment: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://first.example:3128")
+    run("pass")
+    assert "HTTPS_PROXY=http://first.example:3128" in hluk_environment.read_text()
+    monkeypatch.setenv("HTTPS_PROXY", "http://second.example:3128")
+    monkeypatch.setenv("VERL_HYPERLIGHT_HLUK_ENV", "HLUK_STANDIN_*,OPERATOR_*")
+    monkeypatch.setenv("OPERATOR_SETTING", "added")
+    run("pass")
+    lines = hluk_environment.read_text().splitlines()
+    assert "HTTPS_PROXY=http://second.example:3128" in lines
+    assert "OPERATOR_SETTING=added" in lines
+    monkeypatch.delenv("HTTPS_PROXY")
+    monkeypatch.setenv("OPERATOR_LATER", "added later")  # new, of a prefix already given
+    run("pass")
+    lines = hluk_environment.read_text().splitlines()
+    assert not any(line.startswith("HTTPS_PROXY=") for line in lines)
+    assert "OPERATOR_LATER=added later" in lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,3 +417,19 @@ def test_hluks_decisive_error_line_is_read_after_a_long_stderr(
     fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 100)
     message = sandbox_error(run("print(1)"))
     assert "/dev/kvm: Permission denied" in message and "kvm group" in message
+
+
+def test_a_case_whose_files_could_not_all_be_written_is_a_sandbox_error_and_leaves_nothing(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run("pass")  # the node is warm: the case's own directory is all that is at stake
+    real_open = os.open
+
+    def disk_full_at_stdin(path: str, *args: Any, **kwargs: Any) -> int:
+        if os.path.basename(path) == "stdin":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", disk_full_at_stdin)
+    assert "No space left on device" in sandbox_error(run("print(1)"))
+    assert host.case_dirs() == []

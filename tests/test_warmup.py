@@ -221,3 +221,17 @@ def test_the_warm_up_command_says_the_node_is_cold_once_its_snapshot_is_gone(
     _warmup.forget()
     assert main(["warm-up"]) == 0
     assert "pulled and snapshotted in" in capsys.readouterr().out
+
+
+def test_hluks_cache_directory_is_found_as_hluk_finds_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/home/worker")
+    monkeypatch.setenv("XDG_CACHE_HOME", "xdg")
+    monkeypatch.setenv("HLUK_CACHE_DIR", "hluk-cache")
+    assert _warmup.cache_root() == tmp_path / "hluk-cache"  # relative to the working directory
+    monkeypatch.setenv("HLUK_CACHE_DIR", "")
+    assert _warmup.cache_root() == tmp_path / "xdg" / "hluk"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert _warmup.cache_root() == Path("/home/worker/.cache/hluk")

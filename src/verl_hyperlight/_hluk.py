@@ -166,6 +166,23 @@ def hluk_path() -> str:
 
 def environment() -> dict[str, str]:
     """The environment hluk runs with: what it reads, and what the operator adds."""
+    global _chosen
+    # Which variables those are is worked out again only when os.environ has changed (its
+    # bytes, which every change through os.environ updates): working it out is lookups, most
+    # of variables that are not set, and costs tens of microseconds per case.
+    current = os.environ._data  # type: ignore[attr-defined]
+    chosen = _chosen
+    if chosen is None or chosen[0] != current:
+        snapshot = dict(current)  # taken first: a change while choosing is seen next time
+        chosen = _chosen = (snapshot, _choose_environment())
+    passed = dict(chosen[1])
+    for name in PATH_VARIABLES:  # relative to the working directory of now
+        if passed.get(name):
+            passed[name] = os.path.abspath(passed[name])
+    return passed
+
+
+def _choose_environment() -> dict[str, str]:
     names = set(PASSED_ENVIRONMENT)
     prefixes = []
     for entry in os.environ.get(EXTRA_ENVIRONMENT, "").split(","):
@@ -176,11 +193,11 @@ def environment() -> dict[str, str]:
             names.add(entry)
     if prefixes:
         names.update(name for name in os.environ if name.startswith(tuple(prefixes)))
-    passed = {name: os.environ[name] for name in names if name in os.environ}
-    for name in PATH_VARIABLES:
-        if passed.get(name):
-            passed[name] = os.path.abspath(passed[name])
-    return passed
+    return {name: os.environ[name] for name in names if name in os.environ}
+
+
+# os.environ's bytes when environment() last chose, and what it chose then.
+_chosen: tuple[dict[bytes, bytes], dict[str, str]] | None = None
 
 
 def run_to_exit(argv: list[str], timeout: float) -> RawOutcome:

@@ -49,11 +49,17 @@ CACHE_PARTS = ("snapshots", "rootfs")
 
 def cache_root() -> Path:
     """hluk's cache directory, as hluk finds it."""
-    if os.environ.get("HLUK_CACHE_DIR"):
-        return Path(os.environ["HLUK_CACHE_DIR"]).absolute()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).absolute() / "hluk"
-    return Path.home() / ".cache" / "hluk"
+    return Path(_cache_directory())
+
+
+def _cache_directory() -> str:
+    # A string, not a Path: every case looks at the cache (_cache_state), and path objects
+    # cost more than the stat calls do.
+    chosen = os.environ.get("HLUK_CACHE_DIR")
+    if not chosen:
+        parent = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        chosen = os.path.join(parent, "hluk")
+    return chosen if os.path.isabs(chosen) else os.path.join(os.getcwd(), chosen)
 
 
 @dataclass(frozen=True)
@@ -194,17 +200,17 @@ def _identity(path: str, guest: Guest) -> tuple[object, ...]:
             rootfs = (stat.st_size, stat.st_mtime_ns)
         except OSError:
             rootfs = None  # hluk will say what is wrong with it
-    return (path, str(cache_root()), settings, rootfs, *guest.args())
+    return (path, _cache_directory(), settings, rootfs, *guest.args())
 
 
 def _cache_state() -> tuple[object, ...]:
     """hluk's snapshot and image directories, as far as a removal or a new snapshot changes
     them."""
     state: list[object] = []
-    root = cache_root()
+    root = _cache_directory()
     for part in CACHE_PARTS:
         try:
-            stat = os.stat(root / part)
+            stat = os.stat(os.path.join(root, part))
         except OSError:
             state.append(None)
         else:
