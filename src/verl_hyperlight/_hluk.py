@@ -55,6 +55,8 @@ EXIT_GRACE_SECONDS = 10.0
 # Once hluk has exited, what is left in its pipes is read for this long; a descendant that
 # kept them open (a wrapper that did not exec) is not waited for.
 DRAIN_SECONDS = 1.0
+# Once its pipes have ended, how long hluk's exit is waited for before it is killed.
+EXIT_NOTICE_SECONDS = 0.1
 # Without pidfds (Linux < 5.3), how often hluk's exit is polled.
 EXIT_POLL_SECONDS = 0.2
 PR_SET_PDEATHSIG = 1
@@ -542,6 +544,14 @@ def run(
                 break
             if console.refusal is not None:
                 break
+        # Its pipes have ended, so its exit is on its way: cheaper waited for than killed (the
+        # spawner's exit notice can come a little after the pipes' end).
+        if (
+            exit_fd is not None
+            and watched == {exit_fd}
+            and select.select([exit_fd], [], [], EXIT_NOTICE_SECONDS)[0]
+        ):
+            proc.exit_notice()
     finally:
         # Whatever ended the loop, nothing of this group outlives the call.
         proc.kill()
