@@ -8,7 +8,7 @@
    floor of any host side); the worker's CPU time per case (all its threads), and that of
    its long-lived helper processes (the spawner, the cleaner of case directories). Then the
    same in a worker holding 2 GiB (touched, as a reward worker with torch loaded holds GBs);
-   and the first table again with the case directories on a tmpfs (TMPDIR=/dev/shm).
+   and the first table again with the case directories on a tmpfs (VERL_HYPERLIGHT_CASE_DIR).
 2. Each per-case step's cost (CPU time of the case's thread, and wall time), measured inside
    real cases at concurrency 1 by wrapping the functions that make up a case.
 3. The stand-in comparison: run_code against the stand-in hluk run directly with the same argv
@@ -237,18 +237,18 @@ def orchestration(scratch: Path, cases: int, paths: list[str], label: str) -> No
 
 
 def on_tmpfs(scratch: Path, cases: int, path: str) -> None:
-    """Section 1 again with the case directories on a tmpfs (TMPDIR=/dev/shm), where making
-    and removing them costs a fraction of a journaled file system's."""
+    """Section 1 again with the case directories on a tmpfs (VERL_HYPERLIGHT_CASE_DIR under
+    /dev/shm), where making and removing them costs a fraction of a journaled file system's."""
     if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
         print("\n1. (no writable /dev/shm here: case directories on tmpfs not measured)")
         return
-    before = tempfile.tempdir
-    tempfile.tempdir = tempfile.mkdtemp(prefix="verl-hyperlight-bench-", dir="/dev/shm")
+    os.environ[_api.CASE_DIR_ENV] = tempfile.mkdtemp(
+        prefix="verl-hyperlight-bench-", dir="/dev/shm"
+    )
     try:
         orchestration(scratch, cases, [path], "as the first, case directories on tmpfs")
     finally:
-        shutil.rmtree(tempfile.tempdir, ignore_errors=True)
-        tempfile.tempdir = before
+        shutil.rmtree(os.environ.pop(_api.CASE_DIR_ENV), ignore_errors=True)
 
 
 # The steps of a case, by the module attribute that makes each up (those that exist).

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 import pytest
-from hostside import Host, result, run, sandbox_error
+from hostside import Host, option, result, run, sandbox_error
 
 from verl_hyperlight import _api, run_code
 
@@ -151,6 +151,23 @@ def test_a_temporary_directory_whose_path_holds_a_colon_still_runs_cases(
         "through a colon\n",
     )
     assert list(colon.iterdir()) == []  # removed as any case directory is
+
+
+def test_case_directories_go_where_the_setting_says_and_an_unusable_one_is_said(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chosen = host.tmpdir / "cases"
+    chosen.mkdir()
+    monkeypatch.setenv(_api.CASE_DIR_ENV, str(chosen))
+    run("pass")
+    mounts = [option(argv, "--mount") for argv in host.case_runs()]
+    assert mounts and all(str(mount).startswith(f"{chosen}/verl-hyperlight-") for mount in mounts)
+    assert list(chosen.iterdir()) == [] and host.case_dirs() == []
+
+    monkeypatch.setenv(_api.CASE_DIR_ENV, str(host.tmpdir / "missing"))
+    response = run("print(1)")
+    assert response["status"] == "SandboxError"
+    assert "missing" in response["message"] and _api.CASE_DIR_ENV in response["message"]
 
 
 @pytest.mark.parametrize("run_timeout", [0, -1, -0.5])
