@@ -242,13 +242,13 @@ def on_tmpfs(scratch: Path, cases: int, path: str) -> None:
     if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
         print("\n1. (no writable /dev/shm here: case directories on tmpfs not measured)")
         return
-    os.environ[_api.CASE_DIR_ENV] = tempfile.mkdtemp(
-        prefix="verl-hyperlight-bench-", dir="/dev/shm"
-    )
+    case_dirs = tempfile.mkdtemp(prefix="verl-hyperlight-bench-", dir="/dev/shm")
+    os.environ[_api.CASE_DIR_ENV] = case_dirs
     try:
         orchestration(scratch, cases, [path], "as the first, case directories on tmpfs")
     finally:
-        shutil.rmtree(os.environ.pop(_api.CASE_DIR_ENV), ignore_errors=True)
+        del os.environ[_api.CASE_DIR_ENV]
+        shutil.rmtree(case_dirs, ignore_errors=True)
 
 
 # The steps of a case, by the module attribute that makes each up (those that exist).
