@@ -297,6 +297,8 @@ def standin_environment(
         "HLUK_STANDIN_FAULT_LOG": str(fault_log),
         "VERL_HYPERLIGHT_HLUK_ENV": "HLUK_STANDIN_*",
         "VERL_HYPERLIGHT_STARTUP_TIMEOUT": f"{startup_timeout:g}",
+        # A warm-up after a lost snapshot may draw a hang too: not the default 900 s of it.
+        "VERL_HYPERLIGHT_WARM_UP_TIMEOUT": f"{2 * startup_timeout:g}",
     }
 
 

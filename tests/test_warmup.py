@@ -235,3 +235,13 @@ def test_hluks_cache_directory_is_found_as_hluk_finds_it(
     assert _warmup.cache_root() == tmp_path / "xdg" / "hluk"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert _warmup.cache_root() == Path("/home/worker/.cache/hluk")
+
+
+def test_a_first_warm_up_is_held_to_the_warm_up_setting(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
+    monkeypatch.setenv(_warmup.WARM_UP_TIMEOUT_ENV, "2")
+    response = run("print(1)")
+    assert response["status"] == "SandboxError"
+    assert "took more than 2 s (VERL_HYPERLIGHT_WARM_UP_TIMEOUT)" in response["message"]

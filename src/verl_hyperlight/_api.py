@@ -216,21 +216,14 @@ def _validate(
 
 
 def _startup_timeout() -> float:
-    value = os.environ.get(STARTUP_TIMEOUT_ENV)
-    if value is None:
-        return _hluk.DEFAULT_STARTUP_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
+    seconds, bad = _hluk.seconds_setting(STARTUP_TIMEOUT_ENV, _hluk.DEFAULT_STARTUP_TIMEOUT)
+    if bad is not None:
         failures.record(
             "startup-timeout-setting",
-            f"{STARTUP_TIMEOUT_ENV}={value!r} is not a positive number of seconds; "
+            f"{STARTUP_TIMEOUT_ENV}={bad!r} is not a positive number of seconds; "
             f"using {_hluk.DEFAULT_STARTUP_TIMEOUT:.0f}",
             "cases still run",
         )
-        return _hluk.DEFAULT_STARTUP_TIMEOUT
     return seconds
 
 

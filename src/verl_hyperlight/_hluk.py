@@ -155,6 +155,21 @@ class RawOutcome:
         return int(match.group(1)) if match else None
 
 
+def seconds_setting(name: str, default: float) -> tuple[float, str | None]:
+    """The seconds environment variable `name` gives (`default` if it is not set), and its
+    value when that is not a positive number of seconds (the default is used then)."""
+    value = os.environ.get(name)
+    if value is None:
+        return default, None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if math.isfinite(seconds) and seconds > 0:
+        return seconds, None
+    return default, value
+
+
 def hluk_path() -> str:
     """The hluk to run: HLUK_PATH, else the one on PATH (absolute either way)."""
     chosen = os.environ.get("HLUK_PATH")

@@ -18,6 +18,7 @@ that keeps failing to start is failed fast (see Gate).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -38,8 +39,10 @@ logger = logging.getLogger("verl_hyperlight")
 RETRY_AFTER_SECONDS = 30.0
 # Failures to start a guest in a row (cases and probes, no start between) that open its gate.
 OPEN_AFTER = 3
-# A probe may pull the image and boot the guest first.
+# A probe may pull the image and boot the guest first (VERL_HYPERLIGHT_WARM_UP_TIMEOUT
+# overrides it).
 WARM_UP_TIMEOUT_SECONDS = 900.0
+WARM_UP_TIMEOUT_ENV = "VERL_HYPERLIGHT_WARM_UP_TIMEOUT"
 PROBE_RUN_TIMEOUT_SECONDS = 60.0
 # hluk's settings that change what it runs for one set of arguments: part of a warm state.
 IDENTITY_SETTINGS = ("HLUK_REGISTRY", "HLUK_IMAGE_VERSION")
@@ -267,10 +270,28 @@ def _probe(path: str, guest: Guest, startup_timeout: float) -> _hluk.RawOutcome:
     return _hluk.run(argv, nonce, PROBE_RUN_TIMEOUT_SECONDS, startup_timeout)
 
 
+def _warm_up_timeout() -> float:
+    seconds, bad = _hluk.seconds_setting(WARM_UP_TIMEOUT_ENV, WARM_UP_TIMEOUT_SECONDS)
+    if bad is not None:
+        _bad_warm_up_timeout(bad)
+    return seconds
+
+
+@functools.lru_cache(maxsize=8)
+def _bad_warm_up_timeout(value: str) -> None:
+    logger.warning(
+        "verl-hyperlight: %s=%r is not a positive number of seconds; using %.0f",
+        WARM_UP_TIMEOUT_ENV,
+        value,
+        WARM_UP_TIMEOUT_SECONDS,
+    )
+
+
 def _warm_up(path: str, guest: Guest, restore_within: float | None) -> Warmth:
     """Probe `guest`, held to `restore_within` seconds to start when only a restore is due,
     else to the warm-up's deadline (a pull and a boot)."""
-    startup_timeout = WARM_UP_TIMEOUT_SECONDS if restore_within is None else restore_within
+    warm_up_timeout = _warm_up_timeout()
+    startup_timeout = warm_up_timeout if restore_within is None else restore_within
     _hluk.check_version(path)
     lock = _lock()
     try:
@@ -289,8 +310,9 @@ def _warm_up(path: str, guest: Guest, restore_within: float | None) -> Warmth:
     seconds = time.monotonic() - started
     if outcome.ending is _hluk.Ending.STARTUP_TIMEOUT and restore_within is None:
         raise BackendError(
-            f"warming up {guest.image.label} took more than {WARM_UP_TIMEOUT_SECONDS:.0f} s: "
-            "check the node's network to the image registry and hluk's cache",
+            f"warming up {guest.image.label} took more than {warm_up_timeout:.0f} s "
+            f"({WARM_UP_TIMEOUT_ENV}): check the node's network to the image registry and "
+            "hluk's cache",
             "warm-up-timeout",
         )
     if outcome.ending is not _hluk.Ending.FINISHED:
