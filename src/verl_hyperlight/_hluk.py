@@ -1,12 +1,12 @@
 """How to run it: one hluk process, owned for its whole life.
 
-hluk runs in a process group of its own that is killed whole on a timeout, and it gets
-SIGKILL when the thread that started it dies, so a reward worker that is killed takes its
-micro-VMs with it. It gets the environment it needs and nothing else of the worker's. Its
-console (the guest's merged stdout and stderr) is read as it arrives and scanned for the
-runner's frames (``guest/protocol.py``), decoding the output as it comes, so a case holds its
-output once; its stderr carries hluk's own messages, of which the end is kept. How the run
-ended is decided once, in ``_decide``, from what hluk and the runner said.
+hluk runs in a process group of its own that is killed whole on a timeout, and it dies with the
+reward worker, however the worker dies (``_spawn`` starts it), so a reward worker that is
+killed takes its micro-VMs with it. It gets the environment it needs and nothing else of the
+worker's. Its console (the guest's merged stdout and stderr) is read as it arrives and scanned
+for the runner's frames (``guest/protocol.py``), decoding the output as it comes, so a case
+holds its output once; its stderr carries hluk's own messages, of which the end is kept. How
+the run ended is decided once, in ``_decide``, from what hluk and the runner said.
 """
 
 from __future__ import annotations

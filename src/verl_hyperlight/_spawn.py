@@ -2,12 +2,13 @@
 
 Three ways, the first that works here is used (VERL_HYPERLIGHT_SPAWN names one to use):
 
-- ``spawner``: a small long-lived process per worker (``spawner.py``) starts each hluk with
-  posix_spawn. The worker sends it a message with three pipes and reads the pid back: no
-  fork or exec of its own per case, so nothing per case grows with the worker's memory. The
-  spawner ends every hluk it started when the worker dies (its parent-death signal) or
-  closes its socket, and reports each exit through the case's status pipe, since only a
-  parent can wait for a process; were the spawner itself killed, each case kills its own.
+- ``spawner``: small long-lived processes (``spawner.py``; up to SPAWNERS per worker, taking
+  cases in turn) start each hluk with posix_spawn. The worker sends one a message with three
+  pipes and reads the pid back: no fork or exec of its own per case, so nothing per case grows
+  with the worker's memory. A spawner ends every hluk it started when the worker dies (its
+  parent-death signal) or closes its socket, and reports each exit through the case's status
+  pipe, since only a parent can wait for a process; were the spawner itself killed, each case
+  kills its own.
 - ``setpriv``: util-linux's setpriv sets the parent-death signal and execs hluk; Python's spawn
   stays on vfork, at the cost of an extra exec per case.
 - ``fork``: a preexec_fn sets it, which forces a fork of the whole worker (page tables copied
