@@ -45,6 +45,7 @@ PR_SET_PDEATHSIG = 1
 # How long the spawner may take to start, and to answer a request with the pid.
 SPAWNER_START_SECONDS = 30.0
 SPAWNER_ANSWER_SECONDS = 30.0
+INTERPRETER_ENVIRONMENT = ("LD_LIBRARY_PATH",)
 SPAWNER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spawner.py")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -262,7 +263,11 @@ class _Spawner:
                 stdout=subprocess.DEVNULL,
                 close_fds=True,
                 start_new_session=True,  # a signal to the worker's group must not reach it
-                env={},
+                # Nothing of the worker's (hluk gets its environment per request) but what a
+                # Python built with a shared libpython may need to start.
+                env={
+                    name: os.environ[name] for name in INTERPRETER_ENVIRONMENT if name in os.environ
+                },
             )
         except (OSError, ValueError) as exc:
             problem.append(exc)
