@@ -245,3 +245,21 @@ def test_a_first_warm_up_is_held_to_the_warm_up_setting(
     response = run("print(1)")
     assert response["status"] == "SandboxError"
     assert "took more than 2 s (VERL_HYPERLIGHT_WARM_UP_TIMEOUT)" in response["message"]
+
+
+def test_a_probe_outside_a_case_is_held_to_the_startup_setting(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # serve's readiness check, `warm-up` and `doctor` probe through ensure_ready with no
+    # deadline of their own: a guest seen warm is held to the cases' start-up setting, not 60 s.
+    from verl_hyperlight import _hluk
+    from verl_hyperlight._errors import BackendError
+    from verl_hyperlight._guest import guest_for
+
+    path, guest = _hluk.hluk_path(), guest_for("hyperlight://", None)
+    assert _warmup.ensure_ready(path, guest) is not None  # probed: now seen warm
+    _warmup.gate(path, guest).suspect = True  # as after a case that hluk failed to start
+    monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "2")
+    with pytest.raises(BackendError, match=r"did not start within 2 s \(VERL_HYPERLIGHT_STARTUP"):
+        _warmup.ensure_ready(path, guest)

@@ -33,7 +33,6 @@ logger = logging.getLogger("verl_hyperlight")
 MAX_CODE_BYTES = 16 * 1024 * 1024
 MAX_STDIN_BYTES = 256 * 1024 * 1024
 DEFAULT_RUN_TIMEOUT = 10.0
-STARTUP_TIMEOUT_ENV = "VERL_HYPERLIGHT_STARTUP_TIMEOUT"
 # Where case directories are made (default: TMPDIR). On a journaled file system (ext4, xfs)
 # making and removing them is most of the host's cost per case; on a tmpfs a fraction of it.
 CASE_DIR_ENV = "VERL_HYPERLIGHT_CASE_DIR"
@@ -216,11 +215,11 @@ def _validate(
 
 
 def _startup_timeout() -> float:
-    seconds, bad = _hluk.seconds_setting(STARTUP_TIMEOUT_ENV, _hluk.DEFAULT_STARTUP_TIMEOUT)
+    seconds, bad = _hluk.seconds_setting(_hluk.STARTUP_TIMEOUT_ENV, _hluk.DEFAULT_STARTUP_TIMEOUT)
     if bad is not None:
         failures.record(
             "startup-timeout-setting",
-            f"{STARTUP_TIMEOUT_ENV}={bad!r} is not a positive number of seconds; "
+            f"{_hluk.STARTUP_TIMEOUT_ENV}={bad!r} is not a positive number of seconds; "
             f"using {_hluk.DEFAULT_STARTUP_TIMEOUT:.0f}",
             "cases still run",
         )

@@ -61,8 +61,9 @@ EXIT_NOTICE_SECONDS = 0.1
 EXIT_POLL_SECONDS = 0.2
 PR_SET_PDEATHSIG = 1
 VERSION_TIMEOUT_SECONDS = 30.0
-# How long a case's guest may take to start (VERL_HYPERLIGHT_STARTUP_TIMEOUT overrides it).
+# How long a case's guest may take to start (STARTUP_TIMEOUT_ENV overrides it).
 DEFAULT_STARTUP_TIMEOUT = 60.0
+STARTUP_TIMEOUT_ENV = "VERL_HYPERLIGHT_STARTUP_TIMEOUT"
 # What hluk reads of its environment (hyperlight-unikraft's source): its cache directory
 # (HLUK_CACHE_DIR, else XDG_CACHE_HOME, else HOME), its documented settings, RUST_LOG with
 # --log-level, and, through its HTTP client and log formatter, the proxy settings and

@@ -98,10 +98,11 @@ class Gate:
         self.retry_at = 0.0
         self.answered_at_once = 0
 
-    def ensure_ready(self, startup_timeout: float = _hluk.DEFAULT_STARTUP_TIMEOUT) -> Warmth | None:
+    def ensure_ready(self, startup_timeout: float | None = None) -> Warmth | None:
         """Return once the guest is warm (what a probe found, or None when nothing changed since
         it was last seen warm); BackendError if it cannot be, at once while the gate is open.
-        `startup_timeout` bounds a probe of a guest seen warm before whose cache is untouched."""
+        `startup_timeout` bounds a probe of a guest seen warm before whose cache is untouched
+        (None: VERL_HYPERLIGHT_STARTUP_TIMEOUT, as for cases)."""
         if self._passes():
             return None
         if self.failure is not None and (time.monotonic() < self.retry_at or self.lock.locked()):
@@ -114,6 +115,10 @@ class Gate:
             # A guest seen warm whose cache is untouched needs a restore, not a pull and a boot.
             restore = self.seen is not None and self.seen == _cache_state()
             try:
+                if restore and startup_timeout is None:
+                    startup_timeout = _seconds(
+                        _hluk.STARTUP_TIMEOUT_ENV, _hluk.DEFAULT_STARTUP_TIMEOUT
+                    )
                 warmth = _warm_up(self.path, self.guest, startup_timeout if restore else None)
             except BackendError as failure:
                 self.failures_in_a_row += 1
@@ -231,9 +236,7 @@ def gate(path: str, guest: Guest) -> Gate:
         return found
 
 
-def ensure_ready(
-    path: str, guest: Guest, startup_timeout: float = _hluk.DEFAULT_STARTUP_TIMEOUT
-) -> Warmth | None:
+def ensure_ready(path: str, guest: Guest, startup_timeout: float | None = None) -> Warmth | None:
     """Return once `guest` is warm on this node (see Gate.ensure_ready)."""
     return gate(path, guest).ensure_ready(startup_timeout)
 
@@ -270,27 +273,28 @@ def _probe(path: str, guest: Guest, startup_timeout: float) -> _hluk.RawOutcome:
     return _hluk.run(argv, nonce, PROBE_RUN_TIMEOUT_SECONDS, startup_timeout)
 
 
-def _warm_up_timeout() -> float:
-    seconds, bad = _hluk.seconds_setting(WARM_UP_TIMEOUT_ENV, WARM_UP_TIMEOUT_SECONDS)
+def _seconds(name: str, default: float) -> float:
+    """The seconds setting `name` gives; a bad value is logged (once) and `default` used."""
+    seconds, bad = _hluk.seconds_setting(name, default)
     if bad is not None:
-        _bad_warm_up_timeout(bad)
+        _bad_setting(name, bad, default)
     return seconds
 
 
 @functools.lru_cache(maxsize=8)
-def _bad_warm_up_timeout(value: str) -> None:
+def _bad_setting(name: str, value: str, default: float) -> None:
     logger.warning(
         "verl-hyperlight: %s=%r is not a positive number of seconds; using %.0f",
-        WARM_UP_TIMEOUT_ENV,
+        name,
         value,
-        WARM_UP_TIMEOUT_SECONDS,
+        default,
     )
 
 
 def _warm_up(path: str, guest: Guest, restore_within: float | None) -> Warmth:
     """Probe `guest`, held to `restore_within` seconds to start when only a restore is due,
     else to the warm-up's deadline (a pull and a boot)."""
-    warm_up_timeout = _warm_up_timeout()
+    warm_up_timeout = _seconds(WARM_UP_TIMEOUT_ENV, WARM_UP_TIMEOUT_SECONDS)
     startup_timeout = warm_up_timeout if restore_within is None else restore_within
     _hluk.check_version(path)
     lock = _lock()
