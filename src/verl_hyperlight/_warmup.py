@@ -114,11 +114,9 @@ class Gate:
                 raise self._answer_at_once()
             # A guest seen warm whose cache is untouched needs a restore, not a pull and a boot.
             restore = self.seen is not None and self.seen == _cache_state()
+            if restore and startup_timeout is None:
+                startup_timeout = _seconds(_hluk.STARTUP_TIMEOUT_ENV, _hluk.DEFAULT_STARTUP_TIMEOUT)
             try:
-                if restore and startup_timeout is None:
-                    startup_timeout = _seconds(
-                        _hluk.STARTUP_TIMEOUT_ENV, _hluk.DEFAULT_STARTUP_TIMEOUT
-                    )
                 warmth = _warm_up(self.path, self.guest, startup_timeout if restore else None)
             except BackendError as failure:
                 self.failures_in_a_row += 1
