@@ -7,11 +7,13 @@ prints, in seconds and in start-up deadlines (VERL_HYPERLIGHT_STARTUP_TIMEOUT, -
 - how long after the outage began the first case was answered at once (the guest's gate open);
 - how long each case answered during the outage took, before and once the gate was open: the
   first against what every case cost without a gate (its deadline, then its retry's);
-- how long after the outage ended the first case succeeded again (at most the back-off, 30 s
-  unless --back-off says otherwise, plus a probe).
+- how long after the outage ended the first case succeeded again (at most the back-off the
+  gate had reached: 1 s after it opened, doubled by each failed probe up to 30 s, or as
+  --first-back-off and --max-back-off say; plus a probe).
 
 Uses the stand-in hluk from tests/ unless HLUK_PATH is set (see bench_run_code.py).
 Usage: python benchmarks/bench_fail_fast.py [--deadline 5] [--threads 8] [--outage 40]
+(--first-back-off 30: the gate as it was before its back-off doubled, for comparison)
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def outage(kind: str, args: argparse.Namespace) -> dict[str, float]:
     ended = time.monotonic()
     os.environ.pop("HLUK_STANDIN_HANG", None)
     os.environ.pop("HLUK_STANDIN_SIGNAL", None)
-    deadline = ended + args.back_off + 4 * args.deadline + 10
+    deadline = ended + args.max_back_off + 4 * args.deadline + 10
     while time.monotonic() < deadline:
         with lock:
             if any(a.sent >= ended and a.status == "Success" for a in answers):
@@ -115,15 +117,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--pace", type=float, default=0.05, help="each thread's pause, s")
     parser.add_argument("--outage", type=float, default=40.0, help="how long hluk fails, s")
-    parser.add_argument("--back-off", type=float, default=_warmup.RETRY_AFTER_SECONDS)
+    parser.add_argument(
+        "--first-back-off", type=float, default=_warmup.BACK_OFF_FIRST_SECONDS, help="s"
+    )
+    parser.add_argument(
+        "--max-back-off", type=float, default=_warmup.BACK_OFF_MAX_SECONDS, help="s"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         print("hluk:", use_standin_unless_configured(Path(scratch)))
         os.environ["VERL_HYPERLIGHT_STARTUP_TIMEOUT"] = str(args.deadline)
-        _warmup.RETRY_AFTER_SECONDS = args.back_off
+        _warmup.BACK_OFF_FIRST_SECONDS = args.first_back_off
+        _warmup.BACK_OFF_MAX_SECONDS = args.max_back_off
         d = args.deadline
         print(
-            f"start-up deadline D = {d:g} s, back-off {args.back_off:g} s, {args.threads} "
+            f"start-up deadline D = {d:g} s, back-off {args.first_back_off:g} s "
+            f"doubling up to {args.max_back_off:g} s, {args.threads} "
             f"threads, outage {args.outage:g} s; without a gate every case took its deadline "
             f"and its retry's: 2 D = {2 * d:g} s"
         )

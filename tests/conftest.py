@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostside import fail_file, host  # noqa: F401 - fixtures of the tests of the host side
+from hostside import fail_file, gate_clock, host  # noqa: F401 - fixtures of the tests of the host side
 from serving import serve  # noqa: F401 - servers of the tests' own
 
 STANDIN = Path(__file__).resolve().parent / "standin" / "hluk"

@@ -74,6 +74,31 @@ def host(hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterato
     _warmup.forget()
 
 
+class GateClock:
+    """The guests' gates' clock, stopped: it moves only when a test moves it, so that "within
+    the back-off" does not depend on how fast the machine runs the test."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def skip(self, seconds: float) -> None:
+        self.now += seconds
+
+    def skip_back_off(self) -> None:
+        """Past the longest back-off."""
+        self.skip(_warmup.BACK_OFF_MAX_SECONDS + 1)
+
+
+@pytest.fixture
+def gate_clock(monkeypatch: pytest.MonkeyPatch) -> GateClock:
+    found = GateClock()
+    monkeypatch.setattr(_warmup, "time", found)
+    return found
+
+
 @pytest.fixture
 def fail_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """The stand-in's fault injection: write N to it and the next N runs fail before the guest

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import STANDIN
-from hostside import Host, fail_with, result, run, sandbox_error
+from hostside import GateClock, Host, fail_with, result, run, sandbox_error
 
 from verl_hyperlight import _hluk
 
@@ -345,7 +345,7 @@ def test_a_hluk_of_0_19_0_or_later_is_accepted(
 
 
 def test_an_unusable_cache_directory_is_a_sandbox_error_with_the_back_off(
-    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, gate_clock: GateClock
 ) -> None:
     not_a_directory = tmp_path / "cache-file"
     not_a_directory.write_text("")

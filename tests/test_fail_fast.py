@@ -7,16 +7,13 @@ case waited is read from what ran: a case answered at once started no hluk proce
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hostside import KVM_FAILURE, Host, fail_with, result, run, sandbox_error
-
-from verl_hyperlight import _warmup
+from hostside import KVM_FAILURE, GateClock, Host, fail_with, result, run, sandbox_error
 
 AT_ONCE = "answered at once"
 OPENED = "so its cases are answered SandboxError at once"
@@ -25,24 +22,10 @@ CLOSED = "starts again"
 DEADLINE = 5
 
 
-class Clock:
-    """The gate's clock, moved past a back-off on demand rather than slept through."""
-
-    def __init__(self) -> None:
-        self.skipped = 0.0
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.skipped
-
-    def skip_back_off(self) -> None:
-        self.skipped += _warmup.RETRY_AFTER_SECONDS + 1
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    found = Clock()
-    monkeypatch.setattr(_warmup, "time", found)
-    return found
+@pytest.fixture(autouse=True)
+def clock(gate_clock: GateClock) -> GateClock:
+    """Stopped: a case that should be answered at once is, however slow the machine."""
+    return gate_clock
 
 
 def in_threads(count: int, threads: int, case: Callable[[int], Any]) -> list[Any]:
@@ -119,7 +102,7 @@ def test_a_hluk_crashing_before_the_guest_opens_the_gate_after_three_failures_in
 
 
 def test_one_case_tries_an_open_gate_again_after_the_back_off_and_its_success_closes_it(
-    host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, clock: Clock
+    host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, clock: GateClock
 ) -> None:
     caplog.set_level(logging.INFO, logger="verl_hyperlight")
     run("pass")
@@ -148,7 +131,7 @@ def test_one_case_tries_an_open_gate_again_after_the_back_off_and_its_success_cl
 
 
 def test_while_one_case_tries_an_open_gate_the_others_are_answered_at_once(
-    host: Host, monkeypatch: pytest.MonkeyPatch, clock: Clock
+    host: Host, monkeypatch: pytest.MonkeyPatch, clock: GateClock
 ) -> None:
     run("pass")
     monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
@@ -166,7 +149,7 @@ def test_while_one_case_tries_an_open_gate_the_others_are_answered_at_once(
 
 
 def test_a_guest_that_never_started_opens_its_gate_after_three_failed_warm_ups(
-    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path, clock: Clock
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path, clock: GateClock
 ) -> None:
     # Three cases' probes, each tried twice.
     fail_with(monkeypatch, fail_file, KVM_FAILURE, 6)
@@ -178,3 +161,35 @@ def test_a_guest_that_never_started_opens_its_gate_after_three_failed_warm_ups(
     # The back-off over, and hluk working, one case's probe closes the gate.
     clock.skip_back_off()
     assert result(run("print('up')"))[:4] == ("Success", "Finished", 0, "up\n")
+
+
+def test_the_back_off_starts_at_a_second_doubles_with_each_failed_probe_and_starts_over(
+    host: Host, monkeypatch: pytest.MonkeyPatch, clock: GateClock
+) -> None:
+    run("pass")
+    monkeypatch.setenv("HLUK_STANDIN_SIGNAL", "SEGV")
+    for i in range(3):
+        sandbox_error(run(f"print({i})"))
+    for back_off in (1, 2, 4, 8, 16, 30, 30):
+        message = sandbox_error(run("print('waits')"))
+        assert f"{AT_ONCE}: hluk failed to start" in message
+        assert f"a case tries it again within {back_off} s)" in message
+        # Not yet: still answered at once, without a probe.
+        probes = len(host.warm_ups())
+        clock.skip(back_off / 2)
+        assert AT_ONCE in sandbox_error(run("print('not yet')"))
+        assert len(host.warm_ups()) == probes
+        # Past the back-off: one case probes (twice, as a probe that found nothing started is),
+        # fails, and the next back-off is twice as long, up to the longest.
+        clock.skip(back_off)
+        assert AT_ONCE not in sandbox_error(run("print('tries')"))
+        assert len(host.warm_ups()) - probes == 2
+
+    # Up again: the gate closes; opened again later, it starts over from the first back-off.
+    monkeypatch.delenv("HLUK_STANDIN_SIGNAL")
+    clock.skip_back_off()
+    assert result(run("print('up')"))[:4] == ("Success", "Finished", 0, "up\n")
+    monkeypatch.setenv("HLUK_STANDIN_SIGNAL", "SEGV")
+    for i in range(3):
+        sandbox_error(run(f"print({i})"))
+    assert "a case tries it again within 1 s)" in sandbox_error(run("print('waits')"))

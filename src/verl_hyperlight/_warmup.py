@@ -35,8 +35,12 @@ from ._guest import Guest, probe_code
 
 logger = logging.getLogger("verl_hyperlight")
 
-# While a guest's gate is open, one case tries it again after this long.
-RETRY_AFTER_SECONDS = 30.0
+# While a guest's gate is open, one case tries it again after a back-off: the first this long,
+# each next one twice the last, up to the longest. A gate opened by a chance run of one-off
+# failures (or a stall just longer than a probe) thus costs a second of cases, not the longest
+# back-off's worth; a backend that stays down is still tried only every BACK_OFF_MAX_SECONDS.
+BACK_OFF_FIRST_SECONDS = 1.0
+BACK_OFF_MAX_SECONDS = 30.0
 # Failures to start a guest in a row (cases and probes, no start between) that open its gate.
 OPEN_AFTER = 3
 # A probe may pull the image and boot the guest first (VERL_HYPERLIGHT_WARM_UP_TIMEOUT
@@ -83,8 +87,9 @@ class Gate:
     that every case of a batch hit at once, costs the batch one probe and its retries, not its
     answers. When hluk keeps failing to start the guest (OPEN_AFTER failures in a row, cases
     and probes, with no start between), the gate opens: cases are answered SandboxError at once,
-    without running hluk, and every RETRY_AFTER_SECONDS one case probes again while the others
-    still fail fast; the first success closes it. Opening and closing are logged once each."""
+    without running hluk, and after a back-off (BACK_OFF_FIRST_SECONDS, doubled after each probe
+    that fails, up to BACK_OFF_MAX_SECONDS) one case probes again while the others still fail
+    fast; the first success closes it. Opening and closing are logged once each."""
 
     def __init__(self, path: str, guest: Guest) -> None:
         self.path, self.guest = path, guest
@@ -96,6 +101,7 @@ class Gate:
         self.failure: BackendError | None = None  # why the gate is open; None: closed
         self.opened_at = 0.0
         self.retry_at = 0.0
+        self.back_off = 0.0  # the open gate's current back-off
         self.answered_at_once = 0
 
     def ensure_ready(self, startup_timeout: float | None = None) -> Warmth | None:
@@ -160,17 +166,22 @@ class Gate:
         now = time.monotonic()
         if self.failure is None:
             self.opened_at, self.answered_at_once = now, 0
+            self.back_off = BACK_OFF_FIRST_SECONDS
             logger.error(
                 "verl-hyperlight: %s. hluk failed to start %s %s, so its cases are answered "
-                "SandboxError at once (%s); one case tries it again every %.0f s",
+                "SandboxError at once (%s); one case tries it again after %.0f s, then after "
+                "twice as long each time it fails, up to every %.0f s",
                 failure,
                 self.guest.image.label,
                 _times(self.failures_in_a_row),
                 ZEROES_REWARDS,
-                RETRY_AFTER_SECONDS,
+                self.back_off,
+                BACK_OFF_MAX_SECONDS,
             )
+        else:
+            self.back_off = min(2 * self.back_off, BACK_OFF_MAX_SECONDS)
         failure.announced = True
-        self.failure, self.retry_at = failure, now + RETRY_AFTER_SECONDS
+        self.failure, self.retry_at = failure, now + self.back_off
 
     def _answer_at_once(self) -> FailingFast:
         self.answered_at_once += 1
@@ -178,7 +189,7 @@ class Gate:
         return FailingFast(
             f"{self.failure} (answered at once: hluk failed to start {self.guest.image.label} "
             f"{_times(self.failures_in_a_row)}; a case tries it again within "
-            f"{RETRY_AFTER_SECONDS:.0f} s)",
+            f"{self.back_off:.0f} s)",
             self.failure.cause,
         )
 
