@@ -14,6 +14,9 @@ faulted:
 - mis-graded: neither the known answer nor SandboxError (a faulted case answered as the
   solution's failure, or with wrong output, is what this catches);
 - SandboxError on a faulted case is the right answer to a fault; on one that was not, spurious.
+  Of either, those answered at once: a chance run of failures to start (three in a row) opened
+  the guest's gate, which answers cases at once until a probe sees the guest start (README,
+  "Failing fast"); the gate's openings are counted from the worker's log.
 
 Then what the worker kept: processes (its children, hluk and bubblewrap), threads, descriptors,
 case directories, and its peak resident memory above where it started.
@@ -62,6 +65,9 @@ RUN_TIMEOUT = 60.0  # far above any case's own run time, however loaded the node
 SHORT_RUN_TIMEOUT = 1.0  # for the cases that sleep past it
 HTTP_TIMEOUT = 1800.0  # a response, however late, is a response: only its absence is lost
 MESSAGE_SHOWN = 90  # of a SandboxError's message: enough to tell its cause
+# What a guest's gate says when it opens (logged once) and in each case it answers at once.
+GATE_OPENED = "so its cases are answered SandboxError at once"
+ANSWERED_AT_ONCE = "(answered at once: "
 SERVE = "import sys\nfrom verl_hyperlight.cli import main\nsys.exit(main(['serve', *sys.argv[1:]]))"
 # How often each kind of case is drawn.
 KINDS = {
@@ -401,6 +407,10 @@ class Worker:
     def disconnect(self) -> None:
         """Stop holding what the soak itself opened in the worker (connections)."""
 
+    def logged(self) -> str:
+        """What the worker logged (verl_hyperlight's log) since the soak began."""
+        return ""
+
     def stop(self) -> None:
         """The worker is no longer needed."""
 
@@ -415,6 +425,11 @@ class InProcess(Worker):
         # Warmed up without faults: the run's begin from a guest seen warm.
         quiet = {**environment, "HLUK_STANDIN_FAULTS": ""}
         self._stack.enter_context(patched_environment(quiet, tmpdir))
+        self._log = tmpdir.parent / "run_code.log"
+        handler = logging.FileHandler(self._log)
+        logging.getLogger("verl_hyperlight").addHandler(handler)
+        self._stack.callback(handler.close)
+        self._stack.callback(logging.getLogger("verl_hyperlight").removeHandler, handler)
 
     def run(self, case: Case) -> dict[str, Any] | None:
         from verl_hyperlight import run_code
@@ -427,6 +442,9 @@ class InProcess(Worker):
 
     def start_faults(self) -> None:
         os.environ["HLUK_STANDIN_FAULTS"] = self.faults
+
+    def logged(self) -> str:
+        return self._log.read_text(errors="replace")
 
     def stop(self) -> None:
         self._stack.close()
@@ -493,6 +511,9 @@ class Served(Worker):
         found: dict[str, Any] = reply.json()
         return found
 
+    def logged(self) -> str:
+        return self.log.read_text(errors="replace")
+
     def disconnect(self) -> None:
         # Its connections closed; a client of the same settings for what follows.
         self.client.close()
@@ -524,6 +545,8 @@ class Report:
     faulted_right: int = 0
     sandbox_error_faulted: int = 0
     sandbox_error_spurious: int = 0
+    answered_at_once: int = 0  # SandboxErrors while the guest's gate was open, hluk not run
+    gate_openings: int = 0
     faults: Counter[str] = field(default_factory=Counter)
     probe_faults: int = 0
     leaked: tuple[int, int, int, int] = (0, 0, 0, 0)  # processes, threads, fds, case dirs
@@ -603,6 +626,7 @@ def soak(
     try:
         warm(worker, threads, tag)
         fault_log.unlink(missing_ok=True)  # the faults of the warm-up are not the run's
+        log_start = len(worker.logged())  # nor what it logged
         worker.start_faults()
 
         def holdings() -> Holdings:
@@ -622,7 +646,8 @@ def soak(
             shown = "" if verdict in ("right", "sandbox-error") else summary(response)
             if verdict == "sandbox-error":
                 assert response is not None
-                shown = response["message"][:MESSAGE_SHOWN]
+                at_once = ANSWERED_AT_ONCE in response["message"]
+                shown = ("(at once) " if at_once else "") + response["message"][:MESSAGE_SHOWN]
             with lock:
                 outcomes.append((case, verdict, shown))
                 if progress is not None and len(outcomes) % max(cases // 10, 1) == 0:
@@ -635,6 +660,7 @@ def soak(
         report.peak_growth_mib = (status_kb(worker.pid, "VmHWM") - base_rss) / 1024
         worker.disconnect()
         report.leaked = settle(holdings, before).left_since(before)
+        report.gate_openings = worker.logged()[log_start:].count(GATE_OPENED)
     finally:
         worker.stop()
     report.faults, hit, report.probe_faults = faults_by_case(fault_log)
@@ -649,6 +675,7 @@ def soak(
         report.faulted_right += verdict == "right" and faulted
         if verdict == "sandbox-error":
             report.errors[shown] += 1
+            report.answered_at_once += shown.startswith("(at once) ")
         elif shown and len(report.examples) < 10:
             report.examples.append(
                 f"case {case.index} ({case.kind}, {'faulted' if faulted else 'not faulted'}): "
@@ -668,6 +695,8 @@ def table(reports: list[Report]) -> str:
         ("mis-graded", lambda r: str(r.judged["mis-graded"])),
         ("SandboxError, faulted", lambda r: str(r.sandbox_error_faulted)),
         ("SandboxError, spurious", lambda r: str(r.sandbox_error_spurious)),
+        ("SandboxError at once", lambda r: str(r.answered_at_once)),
+        ("gate openings", lambda r: str(r.gate_openings)),
         ("faults: fail", lambda r: str(r.faults["fail"])),
         ("faults: hang", lambda r: str(r.faults["hang"])),
         ("faults: die", lambda r: str(r.faults["die"])),

@@ -46,9 +46,27 @@ def test_a_short_soak_answers_every_case_rightly_or_sandbox_error_and_leaks_noth
     ), report.examples
     assert report.leaked == (0, 0, 0, 0)
     # Faults were injected (all 50 cases unfaulted: a chance of 1 in 1,000), and one-off faults
-    # failed no case but their own: most were answered right.
+    # failed no case but their own: most were answered right. Except that at these rates (12%
+    # of runs fail to start) three failures in a row come by chance now and then (CI saw it):
+    # the guest's gate opens, as it should, and answers the cases sent meanwhile at once (all
+    # the soak's rest: an answer at once takes milliseconds). That is allowed once, not twice.
     assert sum(report.faults.values()) > 0, report.errors
-    assert report.judged["right"] > cases // 2, report.errors
+    assert report.gate_openings <= 1, report.errors
+    assert report.answered_at_once == 0 or report.gate_openings == 1, report.errors
+    assert report.judged["right"] + report.answered_at_once > cases // 2, report.errors
+
+
+def test_a_backend_that_never_starts_a_guest_opens_the_gate_once_and_the_soak_counts_it(
+    tmp_path: Path,
+) -> None:
+    report = soak.soak(
+        "run_code", 4, 40, seed=7, scratch=tmp_path, faults="seed=1,fail=1", startup_timeout=10
+    )
+    assert report.judged == {"sandbox-error": 40}
+    assert report.gate_openings == 1
+    # The first cases ran hluk (three failures to start open the gate); the rest did not.
+    assert 20 < report.answered_at_once < 40, report.errors
+    assert report.leaked == (0, 0, 0, 0)
 
 
 @pytest.mark.parametrize("kind", sorted(soak.KINDS))
