@@ -68,6 +68,7 @@ MESSAGE_SHOWN = 90  # of a SandboxError's message: enough to tell its cause
 # What a guest's gate says when it opens (logged once) and in each case it answers at once.
 GATE_OPENED = "so its cases are answered SandboxError at once"
 ANSWERED_AT_ONCE = "(answered at once: "
+AT_ONCE_SHOWN = "(at once) "  # before the message of such a SandboxError, as the soak keeps it
 SERVE = "import sys\nfrom verl_hyperlight.cli import main\nsys.exit(main(['serve', *sys.argv[1:]]))"
 # How often each kind of case is drawn.
 KINDS = {
@@ -647,7 +648,7 @@ def soak(
             if verdict == "sandbox-error":
                 assert response is not None
                 at_once = ANSWERED_AT_ONCE in response["message"]
-                shown = ("(at once) " if at_once else "") + response["message"][:MESSAGE_SHOWN]
+                shown = (AT_ONCE_SHOWN if at_once else "") + response["message"][:MESSAGE_SHOWN]
             with lock:
                 outcomes.append((case, verdict, shown))
                 if progress is not None and len(outcomes) % max(cases // 10, 1) == 0:
@@ -675,7 +676,7 @@ def soak(
         report.faulted_right += verdict == "right" and faulted
         if verdict == "sandbox-error":
             report.errors[shown] += 1
-            report.answered_at_once += shown.startswith("(at once) ")
+            report.answered_at_once += shown.startswith(AT_ONCE_SHOWN)
         elif shown and len(report.examples) < 10:
             report.examples.append(
                 f"case {case.index} ({case.kind}, {'faulted' if faulted else 'not faulted'}): "
