@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from verl_hyperlight import _api, _warmup
+from verl_hyperlight import _api, _casedir, _warmup
 
 URL = "hyperlight://"
 
@@ -26,11 +26,13 @@ URL = "hyperlight://"
 @dataclass(frozen=True)
 class Host:
     """The stand-in as one test sees it: a cold cache of its own, the argv of every hluk run,
-    and the temporary directory run_code makes its case directories in."""
+    and the directories run_code makes its case directories in: the tmpfs it prefers (a
+    directory of the test's own standing for /dev/shm) and the temporary directory."""
 
     cache: Path
     argv_log: Path
     tmpdir: Path
+    tmpfs: Path
 
     def runs(self) -> list[list[str]]:
         """The argv of every hluk run so far, --version included."""
@@ -47,7 +49,10 @@ class Host:
         return [argv for argv in self.runs() if "--mount" in argv]
 
     def case_dirs(self) -> list[Path]:
-        return sorted(self.tmpdir.glob("verl-hyperlight-*"))
+        """The case directories in the tmpfs and in the temporary directory."""
+        return sorted(
+            [*self.tmpfs.glob("verl-hyperlight-*"), *self.tmpdir.glob("verl-hyperlight-*")]
+        )
 
 
 def option(argv: list[str], name: str) -> str | None:
@@ -58,16 +63,24 @@ def option(argv: list[str], name: str) -> str | None:
 @pytest.fixture
 def host(hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Host]:
     """run_code pointed at the stand-in with a cold cache, no boot or pull delay, an argv log,
-    case directories under the test's own temporary directory, and no memory of guests
-    prepared or failures logged by earlier tests."""
-    found = Host(tmp_path / "cache", tmp_path / "argv.jsonl", tmp_path / "tmp")
-    found.tmpdir.mkdir()
+    case directories under the test's own tmpfs and temporary directories, and no memory of
+    guests prepared or failures logged by earlier tests."""
+    # The tmpfs stands inside the temporary directory, so that the temporary directory's path
+    # is in the argv of every hluk that mounts a case directory, wherever it was made.
+    tmpdir = tmp_path / "tmp"
+    found = Host(tmp_path / "cache", tmp_path / "argv.jsonl", tmpdir, tmpdir / "shm")
+    found.tmpfs.mkdir(parents=True)
     monkeypatch.setenv("HLUK_CACHE_DIR", str(found.cache))
     monkeypatch.setenv("HLUK_STANDIN_ARGV_LOG", str(found.argv_log))
     monkeypatch.setenv("HLUK_STANDIN_BOOT_SECONDS", "0")
     monkeypatch.setenv("HLUK_STANDIN_PULL_SECONDS", "0")
     monkeypatch.delenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(found.tmpdir))
+    monkeypatch.setattr(_casedir, "TMPFS", str(found.tmpfs))
+    # That tmpfs is a directory on a disk whose use is not the test's: none of it kept free.
+    monkeypatch.setattr(_casedir, "TMPFS_KEEP_FREE", 0.0)
+    monkeypatch.delenv(_casedir.CASE_DIR_ENV, raising=False)
+    monkeypatch.setattr(_casedir, "_warnings", _casedir._Warnings())
     monkeypatch.setattr(_api, "failures", _api._FailureLog())
     _warmup.forget()
     yield found

@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from verl_hyperlight._casedir import CASE_DIR_ENV
+
 SERVE = "import sys\nfrom verl_hyperlight.cli import main\nsys.exit(main(['serve', *sys.argv[1:]]))"
 
 
@@ -79,7 +81,8 @@ def start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Serv
         stdin=subprocess.DEVNULL,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
-        env={**os.environ, "TMPDIR": str(tmpdir), **(env or {})},
+        # Case directories where the test sees them (by default they would go to /dev/shm).
+        env={**os.environ, "TMPDIR": str(tmpdir), CASE_DIR_ENV: str(tmpdir), **(env or {})},
     )
     served = Served(process, f"http://127.0.0.1:{port}", tmpdir, log)
     deadline = time.monotonic() + 60

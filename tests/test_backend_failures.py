@@ -17,6 +17,7 @@ from conftest import STANDIN
 from hostside import GateClock, Host, fail_with, result, run, sandbox_error
 
 from verl_hyperlight import _hluk
+from verl_hyperlight._errors import ZEROES_REWARDS
 
 # A hluk that crashes after the solution started: it forwards the stand-in's console until the
 # runner's start frame has passed, then its VM (the stand-in) dies with it and it panics, as a
@@ -419,17 +420,33 @@ def test_hluks_decisive_error_line_is_read_after_a_long_stderr(
     assert "/dev/kvm: Permission denied" in message and "kvm group" in message
 
 
-def test_a_case_whose_files_could_not_all_be_written_is_a_sandbox_error_and_leaves_nothing(
-    host: Host, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("full", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_is_a_clear_backend_failure_logged_once_and_leaves_nothing(
+    host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, full: int
 ) -> None:
     run("pass")  # the node is warm: the case's own directory is all that is at stake
     real_open = os.open
 
     def disk_full_at_stdin(path: str, *args: Any, **kwargs: Any) -> int:
         if os.path.basename(path) == "stdin":
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise OSError(full, os.strerror(full))
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", disk_full_at_stdin)
-    assert "No space left on device" in sandbox_error(run("print(1)"))
+    caplog.set_level(logging.WARNING, logger="verl_hyperlight")
+    messages = [sandbox_error(run("print(1)")) for _ in range(3)]
+    # The tmpfs was full: the case went to TMPDIR, full too; the answer names it and what to do.
+    assert messages == [messages[0]] * 3
+    assert (
+        f"no room for a case's files (8 bytes) in {host.tmpdir} ({os.strerror(full)})"
+        in (messages[0])
+    )
+    assert "VERL_HYPERLIGHT_CASE_DIR" in messages[0] and "internal" not in messages[0]
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == [
+        f"verl-hyperlight: {messages[0]} ({ZEROES_REWARDS})"
+    ]
+    assert all(r.exc_info is None for r in caplog.records)  # no traceback
+    [warned] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"the tmpfs {host.tmpfs} is full" in warned, warned
     assert host.case_dirs() == []

@@ -24,7 +24,7 @@ from hostside import (
     wait_for,
 )
 
-from verl_hyperlight import _spawn, run_code
+from verl_hyperlight import _casedir, _spawn, run_code
 
 
 @pytest.fixture(params=_spawn.PATHS)
@@ -74,7 +74,7 @@ def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
     code = sleeper(marker) + "import time\ntime.sleep(60)\n"
     worker = subprocess.Popen(
         [sys.executable, "-c", WORKER, code, str(cases)],
-        env={**os.environ, "TMPDIR": str(worker_tmp)},
+        env={**os.environ, _casedir.CASE_DIR_ENV: str(worker_tmp)},
     )
     try:
         # The sleepers, the deepest processes (the marker also names the case directories in

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import base64
+import logging
 import math
+import os
 from typing import Any
 
 import pytest
 from hostside import Host, option, result, run, sandbox_error
 
-from verl_hyperlight import _api, run_code
+from verl_hyperlight import _api, _casedir, run_code
 
 MIB = 1024 * 1024
 
@@ -134,8 +136,9 @@ def test_run_timeout_none_is_the_default_of_10_seconds(
     assert response["run_result"]["execution_time"] >= 1.0  # a timed-out run ran its timeout
 
 
-def test_a_temporary_directory_whose_path_holds_a_colon_still_runs_cases(
-    host: Host, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("where", ["tmpfs", "tmpdir"])
+def test_a_case_directory_whose_path_holds_a_colon_still_runs_cases(
+    host: Host, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     # hluk splits --mount at its first colon: the case directory is named relative to the
     # directory hluk runs in.
@@ -143,13 +146,19 @@ def test_a_temporary_directory_whose_path_holds_a_colon_still_runs_cases(
 
     colon = host.tmpdir / "node:tmp"
     colon.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(colon))
+    if where == "tmpfs":
+        monkeypatch.setattr(_casedir, "TMPFS", str(colon))
+    else:
+        monkeypatch.setattr(_casedir, "TMPFS", str(host.tmpdir / "no-tmpfs"))
+        monkeypatch.setattr(tempfile, "tempdir", str(colon))
     assert result(run("print(input())", "through a colon\n"))[:4] == (
         "Success",
         "Finished",
         0,
         "through a colon\n",
     )
+    [mount] = [option(argv, "--mount") for argv in host.case_runs()]
+    assert str(mount).startswith("verl-hyperlight-")  # relative to hluk's directory
     assert list(colon.iterdir()) == []  # removed as any case directory is
 
 
@@ -158,16 +167,31 @@ def test_case_directories_go_where_the_setting_says_and_an_unusable_one_is_said(
 ) -> None:
     chosen = host.tmpdir / "cases"
     chosen.mkdir()
-    monkeypatch.setenv(_api.CASE_DIR_ENV, str(chosen))
+    monkeypatch.setenv(_casedir.CASE_DIR_ENV, str(chosen))
     run("pass")
     mounts = [option(argv, "--mount") for argv in host.case_runs()]
     assert mounts and all(str(mount).startswith(f"{chosen}/verl-hyperlight-") for mount in mounts)
     assert list(chosen.iterdir()) == [] and host.case_dirs() == []
 
-    monkeypatch.setenv(_api.CASE_DIR_ENV, str(host.tmpdir / "missing"))
+    monkeypatch.setenv(_casedir.CASE_DIR_ENV, str(host.tmpdir / "missing"))
     response = run("print(1)")
     assert response["status"] == "SandboxError"
-    assert "missing" in response["message"] and _api.CASE_DIR_ENV in response["message"]
+    assert "missing" in response["message"] and _casedir.CASE_DIR_ENV in response["message"]
+
+
+def test_without_a_tmpfs_case_directories_go_to_tmpdir_said_once(
+    host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = host.tmpdir / "no-tmpfs"
+    monkeypatch.setattr(_casedir, "TMPFS", str(missing))
+    caplog.set_level(logging.WARNING, logger="verl_hyperlight")
+    for _ in range(3):
+        assert result(run("print(input())", "here\n"))[3] == "here\n"
+    mounts = [str(option(argv, "--mount")) for argv in host.case_runs()]
+    assert [os.path.dirname(mount.split(":")[0]) for mount in mounts] == [str(host.tmpdir)] * 3
+    [said] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"there is no tmpfs at {missing}" in said and _casedir.CASE_DIR_ENV in said, said
+    assert host.case_dirs() == []
 
 
 @pytest.mark.parametrize("run_timeout", [0, -1, -0.5])

@@ -8,20 +8,14 @@ response, as verl's call_sandbox_api returns them.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import math
-import os
 import secrets
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from . import _hluk, _warmup
+from . import _casedir, _hluk, _warmup
 from ._errors import ZEROES_REWARDS, BackendError, InvalidRequest, Refused
 from ._guest import Guest, guest_for, workload_code
 from ._hluk import Ending
@@ -33,9 +27,6 @@ logger = logging.getLogger("verl_hyperlight")
 MAX_CODE_BYTES = 16 * 1024 * 1024
 MAX_STDIN_BYTES = 256 * 1024 * 1024
 DEFAULT_RUN_TIMEOUT = 10.0
-# Where case directories are made (default: TMPDIR). On a journaled file system (ext4, xfs)
-# making and removing them is most of the host's cost per case; on a tmpfs a fraction of it.
-CASE_DIR_ENV = "VERL_HYPERLIGHT_CASE_DIR"
 CASE_MOUNT = "/case"
 MAX_PATH_LENGTH = 4096
 MIB = 1024 * 1024
@@ -226,145 +217,11 @@ def _startup_timeout() -> float:
     return seconds
 
 
-class _Janitor:
-    """Removes the case directories of a process that died before it could.
-
-    run_code removes each case directory when the case ends, but a worker killed mid-case
-    (SIGKILL, the OOM killer) cannot; its hluk processes die with it, its directories (each
-    holding a solution and up to 256 MiB of stdin) would stay in the temporary directory. So a
-    child process, started with the first case, is told of each directory through a pipe, and
-    removes the ones still listed when the pipe ends: when this process has gone, however it
-    went. The pipe is per-process state, set once under a lock; writes of one short record are
-    atomic, so cases need no lock to report.
-
-    After each read the cleaner sleeps a little, letting records gather in the pipe: a write
-    to a pipe whose reader waits in read() wakes it, which costs the case's thread more than
-    the write (and the cleaner a read per record). A pipe's 64 KiB hold some 800 records, a
-    50 ms nap's worth of 8000 cases a second; past that a case's report waits for the nap to
-    end."""
-
-    _CODE = (
-        "import os, shutil, time\n"
-        "live, rest = set(), b''\n"
-        "while chunk := os.read(0, 65536):\n"
-        "    *records, rest = (rest + chunk).split(b'\\0')\n"
-        "    for record in records:\n"
-        "        (live.add if record[:1] == b'+' else live.discard)(record[1:])\n"
-        "    time.sleep(0.05)\n"
-        "for path in live:\n"
-        "    shutil.rmtree(path, ignore_errors=True)\n"
-    )
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._started = False
-        self._process: subprocess.Popen[bytes] | None = None  # kept: its pipe must stay open
-
-    def tell(self, sign: bytes, directory: str) -> None:
-        """Report a case directory made (b"+") or removed (b"-")."""
-        if not self._started:
-            with self._lock:
-                if not self._started:
-                    self._process = self._start()
-                    self._started = True
-        if self._process is None or self._process.stdin is None:
-            return
-        try:
-            os.write(self._process.stdin.fileno(), sign + os.fsencode(directory) + b"\0")
-        except (OSError, ValueError):
-            pass  # the cleaner is gone: cases still remove their own directories
-
-    def _start(self) -> subprocess.Popen[bytes] | None:
-        try:
-            return subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", self._CODE],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                close_fds=True,
-                start_new_session=True,  # a signal to the worker's group must not stop it early
-            )
-        except OSError as exc:
-            logger.warning(
-                "verl-hyperlight: cannot start the cleaner of case directories (%s): a reward "
-                "worker that is killed mid-case leaves them in %s",
-                exc,
-                tempfile.gettempdir(),
-            )
-            return None
-
-
-_janitor = _Janitor()
-
-
-def _case_files(case: Case) -> list[tuple[str, bytes]]:
-    """What the case directory the guest mounts holds, by name (see guest/protocol.py): the
-    request's paths are data in it, never paths on the host."""
-    files = [(protocol.SOLUTION, case.code), (protocol.STDIN, case.stdin)]
-    if case.files or case.fetch:
-        files += [(protocol.file_name(index), data) for index, (_, data) in enumerate(case.files)]
-        manifest = {
-            "write": [[path, index] for index, (path, _) in enumerate(case.files)],
-            "fetch": list(case.fetch),
-        }
-        files.append((protocol.FILES, json.dumps(manifest).encode()))
-    return files
-
-
-def _make_case_dir() -> str:
-    """A new directory, only ours, in VERL_HYPERLIGHT_CASE_DIR, else the temporary directory
-    (TMPDIR)."""
-    root = os.path.abspath(os.environ.get(CASE_DIR_ENV) or tempfile.gettempdir())
-    # As mkdtemp makes one, less its name's eight random.choice calls: 64 random bits do not
-    # collide.
-    case_dir = os.path.join(root, "verl-hyperlight-" + secrets.token_hex(8))
-    try:
-        os.mkdir(case_dir, 0o700)
-    except OSError as exc:
-        raise BackendError(
-            f"cannot make a case directory in {root} ({exc.strerror}): point {CASE_DIR_ENV} "
-            "(else TMPDIR) at a writable directory",
-            "case-directory",
-        ) from None
-    return case_dir
-
-
-def _write_case(case_dir: str, files: list[tuple[str, bytes]]) -> None:
-    # Unbuffered, straight from the request's bytes: a file object costs more than the write.
-    # The mode is open()'s, as the guest has always seen it.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-    for name, data in files:
-        fd = os.open(os.path.join(case_dir, name), flags, 0o666)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-
-
-def _remove_case(case_dir: str, names: list[str]) -> None:
-    """Remove a case directory: the files written in it, then it (a walk of the tree costs
-    more than that); the walk only when that fails (a case whose files were not all written)."""
-    try:
-        for name in names:
-            os.unlink(os.path.join(case_dir, name))
-        os.rmdir(case_dir)
-    except OSError:
-        shutil.rmtree(case_dir, ignore_errors=True)
-
-
 def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response:
     startup_timeout = _startup_timeout()
-    files = _case_files(case)
-    case_dir = _make_case_dir()
-    _janitor.tell(b"+", case_dir)
-    # hluk splits --mount at its first colon: a case directory whose path has one is named
-    # relative to the directory hluk runs in.
-    parent, name = os.path.split(case_dir)
-    mount = f"{name if ':' in case_dir else case_dir}:{CASE_MOUNT}:ro"
+    case_dir = _casedir.make(_casedir.files_of(case.code, case.stdin, case.files, case.fetch))
+    parent, mount = case_dir.parent, case_dir.mount(CASE_MOUNT)
     try:
-        _write_case(case_dir, files)
         gate = _warmup.gate(path, case.guest)
         for attempt in (1, 2):
             gate.ensure_ready(startup_timeout)
@@ -396,8 +253,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
             logger.warning("verl-hyperlight: retrying a case that did not start: %s", failure)
         raise AssertionError("unreachable")
     finally:
-        _remove_case(case_dir, [name for name, _ in files])
-        _janitor.tell(b"-", case_dir)
+        case_dir.remove()
 
 
 def run_code(

@@ -1,0 +1,164 @@
+"""Case directories: on the tmpfs by default, in TMPDIR when the tmpfs is missing, too small or
+full (said once), exactly where VERL_HYPERLIGHT_CASE_DIR says when it is set; a full disk is a
+clear backend failure, never an internal error; and none is ever left behind.
+
+The tests at scale run a reward worker in a mount namespace of its own (`unshare -m`, as root)
+whose /dev/shm is a small tmpfs mounted for it, gone with the namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostside import Host, option, result, run, sandbox_error
+
+from verl_hyperlight import _casedir
+
+MIB = 1024 * 1024
+
+# A reward worker: `cases` cases at once, each with `stdin_mib` MiB of stdin of its own, whose
+# solution prints the stdin's length and first line; it prints the answers (one JSON line),
+# then the case directories left in /dev/shm. Logging goes to stderr, as a worker's does.
+WORKER = """
+import json, logging, os, sys
+from concurrent.futures import ThreadPoolExecutor
+from verl_hyperlight import run_code
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+cases, stdin_mib = int(sys.argv[1]), float(sys.argv[2])
+code = "import sys\\ndata = sys.stdin.read()\\nprint(len(data), data.split(chr(10))[0])\\n"
+def case(i):
+    stdin = f"case-{i}\\n" + "x" * int(stdin_mib * 1024 * 1024)
+    response, error = run_code("hyperlight://", code, stdin, None, 60, None)
+    return [response, error, f"{len(stdin)} case-{i}\\n"]
+with ThreadPoolExecutor(cases) as pool:
+    print(json.dumps(list(pool.map(case, range(cases)))))
+print(json.dumps(sorted(name for name in os.listdir("/dev/shm") if "verl-hyperlight" in name)))
+"""
+
+
+def run_worker(
+    tmp_path: Path, tmpfs_options: str, cases: int, stdin_mib: float, **env: str
+) -> tuple[list[list[Any]], list[str], str]:
+    """Run WORKER with a /dev/shm of its own (a tmpfs mounted with `tmpfs_options`); its
+    answers (response, error, the stdout a right answer has), what it left in /dev/shm, and
+    its stderr."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.fail("these tests need root and util-linux's unshare (for a tmpfs of their own)")
+    done = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount -t tmpfs -o "$0" verl-hyperlight-test /dev/shm && exec "$@"',
+            tmpfs_options,
+            sys.executable,
+            "-c",
+            WORKER,
+            str(cases),
+            str(stdin_mib),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp"), **env},
+    )
+    assert done.returncode == 0, done.stderr
+    answers, left = (json.loads(line) for line in done.stdout.splitlines()[-2:])
+    return answers, left, done.stderr
+
+
+@pytest.fixture
+def worker_tmp(host: Host, tmp_path: Path) -> Path:
+    """The worker's TMPDIR (the host fixture's stand-in, argv log and cache serve it too)."""
+    run("pass")  # the node is warm: the worker goes straight to its cases
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return tmp_path / "tmp"
+
+
+def mounts(host: Host) -> list[str]:
+    """Where each case run mounted its case directory from."""
+    return [
+        os.path.dirname(str(option(argv, "--mount")).split(":")[0]) for argv in host.case_runs()
+    ]
+
+
+def test_case_directories_go_to_the_tmpfs_by_default(
+    host: Host, worker_tmp: Path, tmp_path: Path
+) -> None:
+    answers, left, stderr = run_worker(tmp_path, "size=64m", 4, 0.01)
+    assert all(response and result(response)[3] == right for response, _, right in answers)
+    assert mounts(host)[1:] == ["/dev/shm"] * 4  # the first is the warm-up's own case
+    assert left == [] and list(worker_tmp.glob("verl-hyperlight-*")) == []
+    assert "WARNING" not in stderr, stderr
+
+
+TOO_SMALL = "is too small for a case of 1.0 MiB"
+FULL = "is full for case directories (No space left on device)"
+HALF_FULL = "(case directories keep it at least half free)"
+
+
+@pytest.mark.parametrize(
+    ("tmpfs_options", "cases_on_tmpfs", "reasons"),
+    [
+        # 1 MiB of stdin is more than half of 2 MiB: no case fits.
+        ("size=2m", False, {TOO_SMALL}),
+        # Room for the cases' bytes, but inodes for one case at a time (the tmpfs's root, and
+        # a case's directory, solution and stdin): the others' directory or files cannot be
+        # made (ENOSPC).
+        ("size=64m,nr_inodes=4", True, {FULL}),
+        # Room for some cases' bytes: those that would take it past half full go to TMPDIR,
+        # and those that found room before the others had written may find it full.
+        ("size=12m", True, {HALF_FULL, FULL}),
+    ],
+)
+def test_a_tmpfs_too_small_or_full_sends_cases_to_tmpdir_said_once_and_answers_all(
+    host: Host,
+    worker_tmp: Path,
+    tmp_path: Path,
+    tmpfs_options: str,
+    cases_on_tmpfs: bool,
+    reasons: set[str],
+) -> None:
+    answers, left, stderr = run_worker(tmp_path, tmpfs_options, 16, 1.0)
+    wrong = [
+        (response, error)
+        for response, error, right in answers
+        if not response or result(response)[:4] != ("Success", "Finished", 0, right)
+    ]
+    assert wrong == [], wrong
+    where = mounts(host)[1:]
+    assert len(where) == 16
+    assert ("/dev/shm" in where) == cases_on_tmpfs and str(worker_tmp) in where, where
+    assert left == [] and list(worker_tmp.glob("verl-hyperlight-*")) == []
+    # Each reason said once, at WARNING, with what to do.
+    said = [line for line in stderr.splitlines() if line.startswith("WARNING")]
+    assert said and len(said) == len(set(said)), stderr
+    assert all(any(reason in line for reason in reasons) for line in said), stderr
+    assert all(_casedir.CASE_DIR_ENV in line for line in said), stderr
+    assert "Traceback" not in stderr and "internal error" not in stderr, stderr
+
+
+def test_a_full_case_directory_chosen_by_the_operator_is_a_clear_backend_failure(
+    host: Host, worker_tmp: Path, tmp_path: Path
+) -> None:
+    # The operator chose the tmpfs: no fallback, a SandboxError naming it and what to do,
+    # logged at ERROR once for the 8 cases, no traceback.
+    answers, left, stderr = run_worker(
+        tmp_path, "size=1m", 8, 2.0, **{_casedir.CASE_DIR_ENV: "/dev/shm"}
+    )
+    messages = [sandbox_error(response) for response, _, _ in answers]
+    assert all("no room for a case's files" in m and "in /dev/shm" in m for m in messages)
+    assert all(_casedir.CASE_DIR_ENV in m for m in messages), messages[0]
+    errors = [line for line in stderr.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 1 and "/dev/shm" in errors[0], stderr
+    assert "Traceback" not in stderr and "internal error" not in stderr, stderr
+    assert left == [] and list(worker_tmp.glob("verl-hyperlight-*")) == []
