@@ -187,7 +187,7 @@ def test_an_oversubscribed_sizing_fails_with_the_max_concurrent_that_fits(
     monkeypatch.setattr(doctor, "_available_mb", lambda: 1000)
     _, found = run_doctor(capsys, "--max-concurrent", "1", "--num-workers", "1")
     assert found["sizing"]["status"] == "ok"
-    assert found["memory"]["status"] == "fail"  # 1366 MiB of guest alone
+    assert found["memory"]["status"] == "fail"  # 1536 MiB of guest alone
 
 
 @pytest.mark.parametrize(

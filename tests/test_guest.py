@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,14 +46,36 @@ def test_hluk_initrd_replaces_the_python_image_but_not_the_agent_image(
 
 
 @pytest.mark.parametrize(
-    ("limit", "scratch"), [(None, None), (-1, None), (0, None), (128, 171), (1024, 1366)]
+    ("limit", "scratch"), [(None, None), (-1, None), (0, None), (128, 192), (1024, 1536)]
 )
-def test_the_micro_vm_gets_about_a_third_more_than_the_memory_limit(
+def test_the_micro_vm_gets_a_third_more_than_the_memory_limit_rounded_up(
     limit: int | None, scratch: int | None
 ) -> None:
     guest = _guest.guest_for("hyperlight://", limit)
     assert guest.scratch_mb == scratch
     assert ("--scratch-mb" in guest.args()) == (scratch is not None)
+
+
+def ladder_in_the_readme() -> list[tuple[int, int, int]]:
+    """The README's table of micro-VM memory: (lowest limit, highest limit, memory) rows."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = re.findall(r"^  \| (\d+) - (\d+) +\| (\d+) +\|$", readme, re.MULTILINE)
+    return [(int(low), int(high), int(memory)) for low, high, memory in rows]
+
+
+def test_the_micro_vm_memory_ladder_is_the_one_the_readme_documents() -> None:
+    rows = ladder_in_the_readme()
+    assert len(rows) >= 8 and rows[0][0] == _guest.PYTHON.min_memory_mb
+    for (low, high, memory), following in zip(rows, [*rows[1:], None], strict=True):
+        for limit in (low, (low + high) // 2, high):
+            assert _guest.guest_for("hyperlight://", limit).memory_mb == memory, limit
+        assert following is None or following[0] == high + 1  # no limit left out
+    # Beyond the table: powers of two and 1.5 times them, the smallest at least 4/3 the limit.
+    ladder = sorted({size for n in range(7, 26) for size in (2**n, 3 * 2 ** (n - 1))})
+    for limit in [*range(128, 5000, 7), 65536, 100_000, 10_000_000, 1024.5]:
+        memory = _guest.guest_for("hyperlight://", limit).memory_mb
+        assert memory in ladder and memory >= limit * 4 / 3, limit
+        assert ladder[ladder.index(memory) - 1] < limit * 4 / 3, limit
 
 
 # A reward worker's hluk arguments for a guest, as a digest (the warm-exec is part of hluk's
@@ -121,7 +144,7 @@ def test_the_agent_url_runs_the_agent_image(
     response, cases = run_and_log("hyperlight://agent", "print('agent')", 1024, log)
     assert response["run_result"]["stdout"] == "agent\n"
     assert cases[-1][cases[-1].index("--runtime") + 1] == "agent"
-    assert cases[-1][cases[-1].index("--scratch-mb") + 1] == "1366"
+    assert cases[-1][cases[-1].index("--scratch-mb") + 1] == "1536"
 
 
 def test_the_warm_exec_fits_in_one_argument_as_linux_passes_it() -> None:

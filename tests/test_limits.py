@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hostside import Host, option, result, run
@@ -121,12 +122,26 @@ def test_host_memory_per_case_stays_bounded_whatever_the_guest_prints(host: Host
     assert extra["floods the console with newlines"] < 4 * MIB
 
 
-@pytest.mark.parametrize(("limit", "scratch"), [(128, "171"), (1000, "1334"), (1024, "1366")])
-def test_memory_limit_gives_the_micro_vm_a_third_more_as_scratch_mb(
+@pytest.mark.parametrize(
+    ("limit", "scratch"),
+    [(128, "192"), (145, "256"), (1000, "1536"), (1024, "1536"), (1153, "2048")],
+)
+def test_memory_limit_gives_the_micro_vm_a_third_more_rounded_up_as_scratch_mb(
     host: Host, limit: int, scratch: str
 ) -> None:
     assert result(run("print('ok')", memory=limit))[:4] == ("Success", "Finished", 0, "ok\n")
     assert [option(argv, "--scratch-mb") for argv in host.case_runs()] == [scratch]
+
+
+def test_nearby_memory_limits_share_one_guest_and_one_warm_up(host: Host) -> None:
+    # Each distinct --scratch-mb is a guest of its own (a cold boot and a warm snapshot under
+    # the node-wide lock): 1025 to 1100 MiB, as a client sweeping limits sends them, share one.
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda limit: run("print('ok')", memory=limit), range(1025, 1101)))
+    assert all(result(answer)[:4] == ("Success", "Finished", 0, "ok\n") for answer in answers)
+    assert [option(argv, "--scratch-mb") for argv in host.warm_ups()] == ["1536"]
+    assert {option(argv, "--scratch-mb") for argv in host.case_runs()} == {"1536"}
+    assert len(host.case_runs()) == 76
 
 
 def test_no_memory_limit_leaves_the_image_default(host: Host) -> None:

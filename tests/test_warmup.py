@@ -80,7 +80,7 @@ def test_warm_up_runs_once_per_guest_per_node_under_concurrent_first_cases(
     probes = Counter(option(argv, "--scratch-mb") for argv in host.warm_ups())
     news = "".join(err for _, err in outputs)
     print(f"\nprobes: {dict(probes)} (by --scratch-mb) for {len(answers)} first cases")
-    assert probes == {"1366": processes, None: processes}
+    assert probes == {"1536": processes, None: processes}
     assert news.count("warmed up in") == 2, news
     assert news.count("is warm (probed in") == 2 * (processes - 1), news
     assert len(host.case_runs()) == processes * threads

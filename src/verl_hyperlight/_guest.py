@@ -95,9 +95,21 @@ def image_for(url: str) -> Image:
     )
 
 
+def memory_for(memory_limit_mb: float) -> int:
+    """The micro-VM memory (MiB) for a limit: a third more than the solution may use, for the
+    guest kernel and interpreter, rounded up to the ladder of sizes (powers of two and 1.5
+    times them: 192, 256, 384, 512, 768, 1024, 1536, 2048, ...).
+
+    Each size is a guest of its own (a cold boot and a warm snapshot of tens of MiB, under
+    the node-wide lock), so nearby limits share one: 769 to 1152 (verl's default 1024
+    among them) all run in 1536 MiB."""
+    needed = math.ceil(memory_limit_mb * 4 / 3)
+    power = 1 << (needed - 1).bit_length()  # the smallest power of two >= needed
+    return power * 3 // 4 if power * 3 // 4 >= needed else power
+
+
 def guest_for(url: str, memory_limit_mb: object) -> Guest:
-    """The guest for a case: the URL's image with about a third more memory than the solution
-    may use, for the guest kernel and interpreter."""
+    """The guest for a case: the URL's image with the memory `memory_for` gives the limit."""
     image = image_for(url)
     if memory_limit_mb is None or (
         not isinstance(memory_limit_mb, bool) and memory_limit_mb in (-1, 0)
@@ -115,7 +127,7 @@ def guest_for(url: str, memory_limit_mb: object) -> Guest:
             "kernel enforces no per-process limit, so the limit is the micro-VM's memory; "
             f"use at least {image.min_memory_mb} (or None/-1/0 for the image's default)"
         )
-    return Guest(image, math.ceil(memory_limit_mb * 4 / 3))
+    return Guest(image, memory_for(memory_limit_mb))
 
 
 @lru_cache(maxsize=1)
