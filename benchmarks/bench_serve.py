@@ -84,13 +84,15 @@ def p(latencies: list[float], q: int) -> float:
     return statistics.quantiles(latencies, n=100)[q - 1] * 1000
 
 
-def start_server(scratch: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    scratch: Path, options: tuple[str, ...] = ("--max-concurrent", "32")
+) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     log = (scratch / "serve.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-c", SERVER, "--port", str(port), "--max-concurrent", "32"],
+        [sys.executable, "-c", SERVER, "--port", str(port), *options],
         stdout=log,
         stderr=subprocess.STDOUT,
     )

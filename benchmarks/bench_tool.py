@@ -1,0 +1,160 @@
+"""The agent-loop code tool's calls: calls/s, p50 and p99 at 1, 8 and 64 concurrent calls, in
+micro-VMs in-process and through `verl-hyperlight serve` over HTTP, in one run.
+
+Each call runs `print(sum(range(1000)))` through the tool's core (``_tool.CodeRunner``, what
+``tool.CodeInterpreterTool.execute`` awaits) with `num_workers` equal to the concurrency, once
+with `sandbox_fusion_url: hyperlight://` and once with the URL of a server on a loopback port
+(the tool's HTTP path, through verl's client when verl is installed, else a plain POST of the
+same body). Against the instant hluk double (bench_run_code.instant_hluk: no guest, so the
+figures are the tool's and the server's own cost) and against the stand-in hluk (a real
+Python run per call). Every call is stateless: a fresh micro-VM each.
+
+Usage: python benchmarks/bench_tool.py [--calls N] [--standin-calls N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_run_code import EXPECTED, instant_hluk, standin_environment
+from bench_serve import p, start_server
+
+from verl_hyperlight._tool import CodeRunner, ServiceCall, ToolSettings
+
+LEVELS = (1, 8, 64)
+CODE = "print(sum(range(1000)))"
+
+
+def service() -> tuple[ServiceCall, str]:
+    """verl's client, else a POST of the body it sends."""
+    try:
+        from verl.utils.reward_score.sandbox_fusion.utils import call_sandbox_api
+    except ImportError:
+        client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=64))
+
+        def post(**arguments: Any) -> tuple[dict[str, Any] | None, str | None]:
+            body = {
+                "code": arguments["code"],
+                "stdin": arguments["stdin"],
+                "compile_timeout": arguments["compile_timeout"],
+                "run_timeout": arguments["run_timeout"],
+                "memory_limit_MB": arguments["memory_limit_mb"],
+                "language": arguments["language"],
+            }
+            reply = client.post(arguments["sandbox_fusion_url"], json=body)
+            reply.raise_for_status()
+            return reply.json(), None
+
+        return post, "a plain POST (verl is not installed)"
+    return call_sandbox_api, "verl's client"
+
+
+def measure(url: str, concurrency: int, calls: int, http: ServiceCall) -> tuple[float, list[float]]:
+    """Calls per second and each call's latency, `concurrency` calls at a time."""
+    settings = ToolSettings.from_config(
+        {"sandbox_fusion_url": url, "num_workers": concurrency, "default_timeout": 30}
+    )
+    runner = CodeRunner(settings, http)
+    asyncio.run(runner.call({"code": CODE}))  # a first call, outside the figures
+
+    async def timed() -> float:
+        started = time.perf_counter()
+        text, _ = await runner.call({"code": CODE})
+        assert text == EXPECTED, text
+        return time.perf_counter() - started
+
+    async def batch() -> list[float]:
+        latencies: list[float] = []
+        for offset in range(0, calls, concurrency):
+            wave = min(concurrency, calls - offset)
+            latencies += await asyncio.gather(*(timed() for _ in range(wave)))
+        return latencies
+
+    try:
+        started = time.perf_counter()
+        latencies = asyncio.run(batch())
+        return calls / (time.perf_counter() - started), latencies
+    finally:
+        runner.close()
+
+
+def table(label: str, calls: int, base: str, http: ServiceCall) -> None:
+    print(f"\n{label}, {calls} calls per figure")
+    print(f"{'':14}{'calls/s':>9}{'p50 ms':>9}{'p99 ms':>9}")
+    for level in LEVELS:
+        rows: list[tuple[str, float, list[float]]] = []
+        for name, url in (("in-process", "hyperlight://"), ("serve", f"{base}/run_code")):
+            rate, latencies = measure(url, level, max(calls, level), http)
+            rows.append((name, rate, latencies))
+            print(
+                f"  c={level:<3} {name:11}{rate:7.1f}{p(latencies, 50):9.2f}{p(latencies, 99):9.2f}"
+            )
+        (_, ours, ours_latencies), (_, served, served_latencies) = rows
+        print(
+            f"  c={level:<3} serve/in-process: throughput {served / ours:.2f}, "
+            f"p50 {p(served_latencies, 50) / p(ours_latencies, 50):.2f}"
+        )
+
+
+def with_backend(environment: dict[str, str], body: Callable[[str], None], scratch: Path) -> None:
+    """Run `body` with this process and a server of its own on the backend `environment`."""
+    saved = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
+    try:
+        # As many micro-VMs as the most concurrent calls, each call's wait within its timeout.
+        process, base = start_server(scratch, ("--max-concurrent", "64", "--max-wait", "60"))
+        try:
+            body(base)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=256, help="calls per figure (the double)")
+    parser.add_argument("--standin-calls", type=int, default=64, help="calls per figure (stand-in)")
+    args = parser.parse_args()
+    http, client = service()
+    scratch = Path(tempfile.mkdtemp(prefix="verl-hyperlight-bench-"))
+    try:
+        print(f"{os.cpu_count()} CPUs; serve's calls through {client}")
+        double = {
+            "HLUK_PATH": str(instant_hluk(scratch)),
+            "HLUK_CACHE_DIR": str(scratch / "cache"),
+        }
+        with_backend(
+            double,
+            lambda base: table("instant hluk double", args.calls, base, http),
+            scratch,
+        )
+        with_backend(
+            {**standin_environment(scratch), "HLUK_CACHE_DIR": str(scratch / "standin-cache")},
+            lambda base: table("stand-in hluk", args.standin_calls, base, http),
+            scratch,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

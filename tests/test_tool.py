@@ -1,0 +1,244 @@
+"""The agent-loop code tool as verl loads it: a tool config naming
+verl_hyperlight.tool.CodeInterpreterTool, built by verl's own initialize_tools_from_config and
+driven as verl's agent loop drives a tool (create, execute, release), against the stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip(
+    "verl", reason="verl is not installed: pip install torch==2.13.0 verl==0.9.1 to run these"
+)
+
+import yaml
+from hostside import Host, fail_with, processes_with
+from verl.tools.tool_registry import initialize_tools_from_config
+
+from verl_hyperlight._tool import NO_STDOUT, NOT_RUN
+
+CLASS = "verl_hyperlight.tool.CodeInterpreterTool"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "code_tool.yaml"
+
+
+def load(tmp_path: Path, schema: dict[str, Any] | None = None, **config: Any) -> Any:
+    """The tool verl builds from a config file naming our class."""
+    entry: dict[str, Any] = {
+        "class_name": CLASS,
+        "config": {"type": "native", "sandbox_fusion_url": "hyperlight://", **config},
+    }
+    if schema is not None:
+        entry["tool_schema"] = schema
+    path = tmp_path / "tools.yaml"
+    path.write_text(yaml.safe_dump({"tools": [entry]}))
+    (tool,) = initialize_tools_from_config(str(path))
+    return tool
+
+
+async def call(tool: Any, parameters: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """One call as verl's agent loop makes it: create, execute, release."""
+    instance_id, _ = await tool.create(create_kwargs={})
+    try:
+        response, reward, metrics = await tool.execute(instance_id, parameters, agent_data=None)
+    finally:
+        await tool.release(instance_id)
+    assert reward == 0.0
+    return response.text, metrics
+
+
+def run(tool: Any, code: str, **parameters: Any) -> tuple[str, dict[str, Any]]:
+    return asyncio.run(call(tool, {"code": code, **parameters}))
+
+
+def test_verl_builds_the_tool_with_the_code_interpreter_schema(tmp_path: Path) -> None:
+    tool = load(tmp_path)
+    schema = tool.get_openai_tool_schema().model_dump()
+    assert tool.name == "code_interpreter"
+    assert schema["function"]["parameters"]["required"] == ["code"]
+    assert schema["function"]["parameters"]["properties"]["code"]["type"] == "string"
+
+
+def test_a_schema_in_the_config_is_the_one_offered(tmp_path: Path) -> None:
+    schema = {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run Python.",
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string", "description": "source"}},
+                "required": ["code"],
+            },
+        },
+    }
+    assert load(tmp_path, schema).name == "python"
+
+
+def test_the_example_config_loads(hluk: Path) -> None:
+    (tool,) = initialize_tools_from_config(str(EXAMPLE))
+    assert tool.runner.settings.in_micro_vms
+
+
+def test_right_code_answers_its_output(host: Host, tmp_path: Path) -> None:
+    text, metrics = run(load(tmp_path), "print(sum(range(10)))")
+    assert text == "45\n"
+    assert metrics["status"] == "Success" and metrics["run_status"] == "Finished"
+    assert isinstance(metrics["execution_time"], float)
+    assert host.case_dirs() == []
+
+
+def test_an_exception_answers_its_traceback_as_the_removed_tool_did(
+    host: Host, tmp_path: Path
+) -> None:
+    text, metrics = run(load(tmp_path), "print('before')\nraise ValueError('boom')")
+    assert text.startswith("before\nTraceback (most recent call last):")
+    assert text.endswith("ValueError: boom\n")
+    assert metrics["status"] == "Failed" and metrics["return_code"] == 1
+
+
+def test_a_call_past_its_timeout_answers_no_stdout(host: Host, tmp_path: Path) -> None:
+    text, metrics = run(load(tmp_path), "import time\ntime.sleep(30)", timeout=1)
+    assert text == NO_STDOUT
+    assert metrics["run_status"] == "TimeLimitExceeded"
+
+
+def test_detailed_errors_tell_the_model_what_happened(host: Host, tmp_path: Path) -> None:
+    tool = load(tmp_path, detailed_errors=True)
+    text, _ = run(tool, "import time\ntime.sleep(30)", timeout=1)
+    assert text == "Time limit exceeded: the code ran past 1 s and was stopped."
+    text, _ = run(tool, "print('x')\nimport sys\nsys.exit(3)")
+    assert text == "x\nExited with return code 3."
+    text, _ = run(tool, "1 / 0")
+    assert text.startswith("Exited with return code 1. The end of stderr:\nTraceback")
+    assert text.endswith("ZeroDivisionError: division by zero\n")
+
+
+def test_large_output_comes_back_whole(host: Host, tmp_path: Path) -> None:
+    text, _ = run(load(tmp_path), "import sys\nsys.stdout.write('ab' * 1_000_000)")
+    assert text == "ab" * 1_000_000
+
+
+def test_non_ascii_text_passes_both_ways(host: Host, tmp_path: Path) -> None:
+    text, _ = run(load(tmp_path), "s = 'héllo → 世界 🎉'\nprint(s[::-1], len(s))")
+    assert text == "🎉 界世 → olléh 12\n"
+
+
+def test_print_last_expression_shows_a_final_value(host: Host, tmp_path: Path) -> None:
+    tool = load(tmp_path, print_last_expression=True)
+    assert run(tool, "import math\nx = 3\nmath.factorial(x) * 7")[0] == "42\n"
+    assert run(tool, "x = 3")[0] == ""
+    plain = load(tmp_path)
+    assert run(plain, "import math\nmath.factorial(3) * 7")[0] == ""
+
+
+def test_the_language_and_timeout_parameters_are_read(host: Host, tmp_path: Path) -> None:
+    tool = load(tmp_path, detailed_errors=True)
+    assert run(tool, "int main() {}", language="cpp")[0] == NOT_RUN
+    assert run(tool, "print(1)", timeout="5")[0] == "1\n"
+
+
+def test_concurrent_calls_on_one_instance_and_across_instances_get_their_own_answers(
+    host: Host, tmp_path: Path
+) -> None:
+    tool = load(tmp_path, num_workers=4)
+
+    async def main() -> list[str]:
+        instance_id, _ = await tool.create(create_kwargs={})
+
+        async def on_the_instance(code: str) -> str:
+            response, _, _ = await tool.execute(instance_id, {"code": code}, agent_data=None)
+            return str(response.text)
+
+        async def on_its_own(code: str) -> str:
+            return (await call(tool, {"code": code}))[0]
+
+        texts = await asyncio.gather(
+            *(on_the_instance(f"print({n} * {n})") for n in range(8)),
+            *(on_its_own(f"print({n} + 1000)") for n in range(8)),
+        )
+        await tool.release(instance_id)
+        return list(texts)
+
+    texts = asyncio.run(main())
+    assert texts == [f"{n * n}\n" for n in range(8)] + [f"{n + 1000}\n" for n in range(8)]
+    assert host.case_dirs() == []
+
+
+def test_a_backend_failure_answers_a_neutral_text_and_is_logged_once(
+    host: Host,
+    fail_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 1000)
+    tool = load(tmp_path, detailed_errors=True)
+
+    def errors() -> int:
+        return sum(1 for r in caplog.records if r.levelname == "ERROR")
+
+    for _ in range(3):
+        text, metrics = run(tool, "print(1)")
+        assert text == NOT_RUN and metrics["status"] == "SandboxError"
+    assert "Traceback" not in text
+    # The failure and the guest's gate opening, as run_code logs them; no more per call.
+    assert "kvm" in caplog.text and errors() <= 2
+    logged = errors()
+    for _ in range(5):
+        assert run(tool, "print(1)")[0] == NOT_RUN
+    assert errors() == logged
+    plain = load(tmp_path)
+    assert run(plain, "print(1)")[0] == NO_STDOUT
+
+
+def test_an_http_url_sends_the_calls_to_that_service(
+    serve: Callable[..., Any], tmp_path: Path
+) -> None:
+    served = serve()
+    tool = load(tmp_path, sandbox_fusion_url=served.run_code_url)
+    text, metrics = run(tool, "print('over http')")
+    assert text == "over http\n" and metrics["status"] == "Success"
+    assert '"POST /run_code"' in served.logged()
+
+
+def test_nothing_is_left_behind_in_a_process_that_used_the_tool(hluk: Path, tmp_path: Path) -> None:
+    """A fresh process loads the tool through verl, makes calls and exits: no hluk process or
+    case directory remains."""
+    script = f"""
+import asyncio, json, sys, yaml
+from verl.tools.tool_registry import initialize_tools_from_config
+path = {str(tmp_path / "tools.yaml")!r}
+yaml.safe_dump({{"tools": [{{"class_name": {CLASS!r},
+    "config": {{"type": "native", "sandbox_fusion_url": "hyperlight://"}}}}]}}, open(path, "w"))
+(tool,) = initialize_tools_from_config(path)
+async def main():
+    texts = []
+    for n in range(3):
+        i, _ = await tool.create(create_kwargs={{}})
+        response, _, _ = await tool.execute(i, {{"code": f"print({{n}})"}})
+        await tool.release(i)
+        texts.append(response.text)
+    return texts
+print(json.dumps(asyncio.run(main())))
+"""
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(cases), "VERL_HYPERLIGHT_CASE_DIR": str(cases)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == ["0\n", "1\n", "2\n"]
+    assert list(cases.glob("verl-hyperlight-*")) == []
+    assert processes_with(str(cases)) == []  # hluk's argv names its case directory
