@@ -617,6 +617,8 @@ def soak(
     tmpdir.mkdir(parents=True)
     fault_log = run_dir / "faults.jsonl"
     environment = standin_environment(scratch, faults, fault_log, startup_timeout)
+    # Case directories where the soak counts them (by default they would go to /dev/shm).
+    environment["VERL_HYPERLIGHT_CASE_DIR"] = str(tmpdir)
     worker: Worker
     if via == "run_code":
         worker = InProcess(environment, tmpdir)
