@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import time
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,6 +45,13 @@ KNOWN_LIMIT = "known limit"
 DIVERGED = "diverged"
 BACKEND_FAILURE = "backend failure"
 SKIPPED = "skipped"
+# How a family's line counts its programs that did not agree.
+TALLIED = {
+    KNOWN_LIMIT: "known limits",
+    DIVERGED: "diverged",
+    BACKEND_FAILURE: "failed in the backend",
+    SKIPPED: "skipped",
+}
 
 # How much of a differing field the text report shows; --json holds all of it.
 SHOWN_CHARACTERS = 1500
@@ -199,17 +207,18 @@ def _judge(program: Program, expected: list[Shape], ours: list[Shape]) -> Outcom
 
 
 def known_limit(words: str) -> str:
-    """The README's "Known limits" entry holding `words` (the package's description), or the
-    words themselves where the description is not installed."""
+    """The sentence of the README's "Known limits" holding `words` (from the package's
+    description), or the words themselves where the description is not installed."""
     try:
         readme = importlib.metadata.metadata("verl-hyperlight").json.get("description", "")
     except importlib.metadata.PackageNotFoundError:
         readme = ""
     section = str(readme).split("## Known limits", 1)[-1].split("\n## ", 1)[0]
     for entry in section.split("\n- "):
-        text = " ".join(entry.split())
-        if words in text:
-            return text
+        text = " ".join(entry.split()).removeprefix("- ")
+        for sentence in re.split(r"(?<=[.;])\s+(?=[A-Z`])", text):
+            if words in sentence:
+                return sentence
     return words
 
 
@@ -235,12 +244,12 @@ def render(report: Report) -> str:
             continue
         agreed = sum(o.verdict == AGREED for o in ran)
         notes = [
-            f"{sum(o.verdict == verdict for o in members)} {verdict}"
-            for verdict in (KNOWN_LIMIT, DIVERGED, BACKEND_FAILURE, SKIPPED)
+            f"{sum(o.verdict == verdict for o in members)} {words}"
+            for verdict, words in TALLIED.items()
             if any(o.verdict == verdict for o in members)
         ]
-        suffix = f"  ({', '.join(notes)})" if notes else ""
-        lines.append(f"  {family:<26}{agreed:>4}/{len(ran):<4}{suffix}")
+        suffix = f" ({', '.join(notes)})" if notes else ""
+        lines.append(f"  {family:<26}{agreed:>4}/{len(ran)}{suffix}")
     for outcome in report.outcomes:
         if outcome.verdict not in (AGREED, SKIPPED):
             lines += ["", *_describe(outcome, report.recorded_python)]
@@ -257,7 +266,7 @@ def _verdict(report: Report) -> str:
     text = (
         f"{counts[AGREED]} of {ran} programs agree with CPython under Sandbox Fusion; "
         f"{counts[KNOWN_LIMIT]} differ as documented known limits; "
-        f"{counts[DIVERGED]} undocumented divergences"
+        f"{counts[DIVERGED]} differ otherwise (undocumented divergences)"
     )
     if counts[BACKEND_FAILURE]:
         text += f"; {counts[BACKEND_FAILURE]} failed in the backend (SandboxError)"
