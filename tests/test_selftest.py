@@ -20,7 +20,8 @@ import pytest
 from test_conformance import LIBRARIES_PYTHON_ENV
 
 import verl_hyperlight
-from verl_hyperlight.conformance import PROGRAMS, load_recording
+from verl_hyperlight import selftest as st
+from verl_hyperlight.conformance import PROGRAMS, Interpreter, load_recording
 
 # A whole run of the corpus on two shared cores, with room for a loaded machine.
 CORPUS_TIMEOUT = 600
@@ -178,3 +179,26 @@ def test_a_broken_backend_is_named_instead_of_every_program(
         assert name not in done.stdout
     report = json.loads(selftest(env, "--json", timeout=BROKEN_TIMEOUT).stdout)
     assert report["ok"] is False and said in report["broken"] and report["outcomes"] == []
+
+
+def test_programs_the_backend_failed_are_one_paragraph_per_cause_not_a_list_of_divergences() -> (
+    None
+):
+    recorded = load_recording().answers
+    message = "hluk at /usr/bin/hluk was killed by signal 9 (SIGKILL)"
+    outcomes = [
+        st.Outcome(p, st.BACKEND_FAILURE, recorded[p.name], [], [], message) for p in PROGRAMS[:5]
+    ]
+    outcomes += [
+        st.Outcome(p, st.AGREED, recorded[p.name], recorded[p.name], []) for p in PROGRAMS[5:]
+    ]
+    guest = Interpreter("3.12.1", "/usr/lib/python3.12", ())
+    report = st.Report("hyperlight://", "3.12.1", [], guest=guest, outcomes=outcomes)
+    text = st.render(report)
+    assert not report.ok
+    assert text.count("BACKEND FAILURE") == 1
+    assert f"BACKEND FAILURE (SandboxError) on 5 programs: {message}" in text
+    assert f"  programs: {', '.join(p.name for p in PROGRAMS[:5])}" in text
+    assert "    | " not in text  # no program's code: they were not run
+    assert "5 failed in the backend (SandboxError)" in text.splitlines()[-2]
+    assert text.splitlines()[-1].startswith("FAILED")

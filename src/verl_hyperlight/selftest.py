@@ -47,10 +47,10 @@ BACKEND_FAILURE = "backend failure"
 SKIPPED = "skipped"
 # How a family's line counts its programs that did not agree.
 TALLIED = {
-    KNOWN_LIMIT: "known limits",
-    DIVERGED: "diverged",
-    BACKEND_FAILURE: "failed in the backend",
-    SKIPPED: "skipped",
+    KNOWN_LIMIT: ("known limit", "known limits"),
+    DIVERGED: ("diverged", "diverged"),
+    BACKEND_FAILURE: ("failed in the backend", "failed in the backend"),
+    SKIPPED: ("skipped", "skipped"),
 }
 
 # How much of a differing field the text report shows; --json holds all of it.
@@ -243,16 +243,23 @@ def render(report: Report) -> str:
         if not members:
             continue
         agreed = sum(o.verdict == AGREED for o in ran)
+        counts = {verdict: sum(o.verdict == verdict for o in members) for verdict in TALLIED}
         notes = [
-            f"{sum(o.verdict == verdict for o in members)} {words}"
-            for verdict, words in TALLIED.items()
-            if any(o.verdict == verdict for o in members)
+            f"{count} {TALLIED[verdict][count > 1]}" for verdict, count in counts.items() if count
         ]
         suffix = f" ({', '.join(notes)})" if notes else ""
         lines.append(f"  {family:<26}{agreed:>4}/{len(ran)}{suffix}")
     for outcome in report.outcomes:
-        if outcome.verdict not in (AGREED, SKIPPED):
+        if outcome.verdict in (KNOWN_LIMIT, DIVERGED):
             lines += ["", *_describe(outcome, report.recorded_python)]
+    # A backend failure says nothing of the program: one paragraph per cause, not per program.
+    failed: dict[str, list[str]] = {}
+    for outcome in report.outcomes:
+        if outcome.verdict == BACKEND_FAILURE:
+            failed.setdefault(outcome.note, []).append(outcome.program.name)
+    for message, names in failed.items():
+        lines += ["", f"BACKEND FAILURE (SandboxError) on {len(names)} programs: {message}"]
+        lines.append(f"  programs: {', '.join(names)}")
     lines += ["", _verdict(report)]
     return "\n".join(lines)
 

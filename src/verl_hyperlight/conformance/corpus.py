@@ -2015,7 +2015,7 @@ MEMORY_USE = [
         "millions_of_small_objects",
         MEMORY,
         """
-        numbers = [str(i) for i in range(2_000_000)]
+        numbers = [str(i) for i in range(1_000_000)]
         print(len(numbers), sum(map(len, numbers)))
         """,
     ),
