@@ -105,8 +105,10 @@ def test_selftest_of_the_agent_image_runs_its_libraries_where_it_has_them(
     standin_env: dict[str, str],
 ) -> None:
     """The stand-in's agent image has numpy and sympy when its interpreter does: one with them
-    is named by VERL_HYPERLIGHT_TEST_LIBRARIES_PYTHON (the test then runs their programs). The
-    rest of the corpus is the python image's test: here one program of each family."""
+    is named by VERL_HYPERLIGHT_TEST_LIBRARIES_PYTHON (the test then runs their programs; it
+    must be an installation of its own, not a venv, as the stand-in binds only the interpreter's
+    prefix into its guest). The rest of the corpus is the python image's test: here one program
+    of each family."""
     libraries_python = os.environ.get(LIBRARIES_PYTHON_ENV)
     env = dict(standin_env)
     if libraries_python:
