@@ -88,7 +88,7 @@ def test_run_refuses_text_that_is_not_utf8_saying_which(
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-@pytest.mark.parametrize("command", ["warm-up", "run", "doctor", "bench", "serve"])
+@pytest.mark.parametrize("command", ["warm-up", "run", "doctor", "bench", "serve", "selftest"])
 def test_each_command_is_in_the_help_and_the_readme(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

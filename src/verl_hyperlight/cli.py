@@ -91,6 +91,24 @@ def _parser() -> argparse.ArgumentParser:
         "--num-workers", type=_positive_int, help="verl's reward.num_workers, with --max-concurrent"
     )
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    selftest = commands.add_parser(
+        "selftest",
+        help="check that this node's micro-VMs grade as Sandbox Fusion does (before training)",
+        description="Run the conformance corpus through this node's micro-VMs, as the plugin "
+        "runs cases, and compare each answer with the one CPython 3.12 gives under Sandbox "
+        "Fusion (recorded in the package): one line per family, then every difference with its "
+        "program and both answers, marked when it is a documented known limit. Checks hluk and "
+        "the warm snapshot first, as doctor does. Exits 0 only when every difference is a known "
+        "limit.",
+    )
+    selftest.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
+    selftest.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        help="programs at once (default: the CPUs, 4 at least)",
+    )
+    selftest.add_argument("--json", action="store_true", help="print the whole report as JSON")
     serve = commands.add_parser(
         "serve",
         help="answer Sandbox Fusion's HTTP API (POST /run_code) from micro-VMs",
@@ -210,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _doctor(args)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "selftest":
+        return _selftest(args)
     parser.print_help()
     return 0
 
@@ -315,6 +335,28 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doctor.as_json(found), indent=2))
     return 0 if all(check.status != "fail" for check in found) else 1
+
+
+def _selftest(args: argparse.Namespace) -> int:
+    from . import doctor, selftest
+
+    def show(check: doctor.Check) -> None:
+        if not args.json:
+            print(doctor.render([check]), flush=True)
+
+    try:
+        guest_for(args.url, selftest.MEMORY_LIMIT_MB)
+    except InvalidRequest as exc:
+        print(f"verl-hyperlight: {exc}", file=sys.stderr)
+        return 1
+    jobs = args.jobs or selftest.default_jobs()
+    with _progress(f"running the conformance corpus, {jobs} at once"):
+        report = selftest.selftest(args.url, jobs, on_check=show)
+    if args.json:
+        print(json.dumps(selftest.as_json(report), indent=2, ensure_ascii=False))
+    else:
+        print(selftest.render(report))
+    return 0 if report.ok else 1
 
 
 def _serve(args: argparse.Namespace) -> int:
