@@ -55,6 +55,9 @@ MODULE_NAME = PACKAGE_NAME + ".runner"
 WORK_DIR = "/tmp/solution"
 OUTPUT_DIR = "/tmp/.verl-hyperlight-output"
 OUTPUT_PATHS = {"stdout": OUTPUT_DIR + "/stdout", "stderr": OUTPUT_DIR + "/stderr"}
+# Directories every Linux host has, which solutions write to (Sandbox Fusion's own test writes
+# /mnt/b); the guest's root file system has none of them until the warm-up makes them.
+HOST_DIRECTORIES = ("/mnt", "/opt", "/srv", "/home", "/var/tmp")
 # CPython's status when flushing stdout at exit fails.
 FLUSH_FAILED_STATUS = 120
 # The status the guest ends with when the runner cannot report the case (the solution broke
@@ -106,11 +109,17 @@ _THREADS_AT_SHUTDOWN = sys.version_info[:2] != (3, 12)
 
 
 def prepare(modules: list[str]) -> None:
-    """Import the modules solutions commonly use, so the warm snapshot holds them."""
+    """Import the modules solutions commonly use, and make the directories every Linux host
+    has, so the warm snapshot holds them."""
     for name in modules:
         try:
             importlib.import_module(name)
         except Exception:
+            continue
+    for directory in HOST_DIRECTORIES:
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError:
             continue
 
 
