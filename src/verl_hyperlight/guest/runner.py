@@ -147,6 +147,10 @@ def prepare_pytest() -> None:
     plugins = [f"_pytest.{name}" for name in config.default_plugins]
     # And what a session imports as it starts (its debugging plugin's pdb, its argcomplete).
     prepare(["pytest", *plugins, "_pytest._argcomplete", "pdb", "readline", "faulthandler"])
+    # What the warm-up made stays for the guest's life: out of the collections a case's end
+    # runs (three, as CPython's exit does), which would otherwise walk pytest's objects each
+    # time, several times the cost of the case's own.
+    gc.freeze()
     _language = "pytest"
 
 
