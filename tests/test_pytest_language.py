@@ -8,7 +8,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
+import subprocess
+import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +254,29 @@ def test_the_warm_ups_objects_are_left_out_of_a_cases_collections(host: Host) ->
         """
     )
     assert reply["status"] == "Success", reply["run_result"]["stdout"]
+
+
+def test_concurrent_first_pytest_cases_share_one_copy_and_one_warm_up(host: Host) -> None:
+    codes = [f"def test_{i}():\n    assert {i} == {i}\n" for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(run_pytest, codes))
+    assert [r["status"] for r in replies] == ["Success"] * 8, replies
+    copies = list((host.cache / "verl-hyperlight").glob("pytest-*"))
+    assert len(copies) == 1 and copies[0].is_dir()
+
+
+def test_processes_making_the_copy_at_once_leave_one_whole_copy(tmp_path: Path) -> None:
+    make = "from verl_hyperlight import _guest_pytest; print(_guest_pytest.library())"
+    env = {**os.environ, "HLUK_CACHE_DIR": str(tmp_path)}
+    processes = [
+        subprocess.Popen([sys.executable, "-c", make], stdout=subprocess.PIPE, env=env)
+        for _ in range(4)
+    ]
+    printed = {process.communicate(timeout=120)[0].decode().strip() for process in processes}
+    assert all(process.returncode == 0 for process in processes)
+    (library,) = printed
+    assert sorted(p.name for p in (tmp_path / "verl-hyperlight").iterdir()) == [Path(library).name]
+    for name in ("pytest/__init__.py", "_pytest/config/__init__.py", "pluggy/__init__.py"):
+        assert (Path(library) / name).is_file()
+    assert list(Path(library).glob("pluggy-*.dist-info/METADATA"))
+    assert not list(Path(library).rglob("__pycache__"))
