@@ -147,20 +147,24 @@ def test_the_agent_url_runs_the_agent_image(
     assert cases[-1][cases[-1].index("--scratch-mb") + 1] == "1536"
 
 
-def test_the_warm_exec_fits_in_one_argument_as_linux_passes_it() -> None:
+@pytest.mark.parametrize("pytest_guest", [False, True])
+def test_the_warm_exec_fits_in_one_argument_as_linux_passes_it(pytest_guest: bool) -> None:
     # Linux refuses exec with any single argument longer than MAX_ARG_STRLEN (32 pages), so a
     # runner that grew past it would fail every spawn with E2BIG.
     max_arg_strlen = 32 * 4096
-    assert len(_guest.warm_exec_code().encode()) + 1 < max_arg_strlen
+    assert len(_guest.warm_exec_code(pytest=pytest_guest).encode()) + 1 < max_arg_strlen
 
 
-def test_the_warm_exec_and_a_cases_exec_fit_in_one_host_call_of_hluk(host: Host) -> None:
+@pytest.mark.parametrize("language", ["python", "pytest"])
+def test_the_warm_exec_and_a_cases_exec_fit_in_one_host_call_of_hluk(
+    host: Host, language: str
+) -> None:
     # hluk hands the --warm-exec and --exec code to the guest as a host call, whose payload
     # hyperlight-unikraft bounds (HOST_CALL_MAX: 64 KiB; 69,620 bytes in another version, so the
     # smaller is pinned). Both together fit in one, however hluk groups them: a bound far
     # tighter than MAX_ARG_STRLEN, past which the guest could not receive its code.
     host_call_max = 64 * 1024
-    run("pass")
+    run("pass", language=language)
     argv = host.case_runs()[-1]
     warm_exec, case_exec = option(argv, "--warm-exec"), option(argv, "--exec")
     assert warm_exec is not None and case_exec is not None

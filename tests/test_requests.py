@@ -83,7 +83,7 @@ def test_stdin_over_256_mib_is_an_invalid_request(host: Host) -> None:
     assert f"stdin is {too_long} bytes; at most {256 * MIB}" in request_error(stdin="x" * too_long)
 
 
-@pytest.mark.parametrize("language", ["cpp", "java", "nodejs", "pytest"])
+@pytest.mark.parametrize("language", ["cpp", "java", "nodejs", "go_test"])
 def test_a_sandbox_fusion_language_other_than_python_is_a_sandbox_error_saying_python_only(
     host: Host, language: str
 ) -> None:

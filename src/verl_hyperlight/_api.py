@@ -12,10 +12,10 @@ import logging
 import math
 import secrets
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
-from . import _casedir, _hluk, _warmup
+from . import _casedir, _guest_pytest, _hluk, _warmup
 from ._errors import ZEROES_REWARDS, BackendError, InvalidRequest, Refused
 from ._guest import Guest, guest_for, workload_code
 from ._hluk import Ending
@@ -65,6 +65,8 @@ SandboxFusionLanguage = Literal[
     "racket",
 ]
 SANDBOX_FUSION_LANGUAGES = frozenset(get_args(SandboxFusionLanguage))
+# What runs here: a solution as `python solution.py`, or a test file as `pytest FILE`.
+RUNS = ("python", "pytest")
 
 
 @dataclass(frozen=True)
@@ -276,10 +278,12 @@ def run_code(
     As the service's request does, `files` maps paths to base64 content written (in the
     micro-VM only) relative to the solution's directory before it starts, and `fetch_files`
     names files returned base64 in the response's ``files`` once it has ended. Setting
-    `cancel` stops the case: its micro-VM is killed and it is answered SandboxError."""
+    `cancel` stops the case: its micro-VM is killed and it is answered SandboxError.
+    `language` "pytest" runs `code` as a test file under `pytest FILE` (with the `pytest`
+    extra installed); languages other than it and "python" are answered SandboxError."""
     del compile_timeout  # Python has no compile step.
     try:
-        if language != "python":
+        if language not in RUNS:
             if isinstance(language, str) and language in SANDBOX_FUSION_LANGUAGES:
                 message = (
                     f"verl-hyperlight runs Python only; language {language!r} is not supported"
@@ -291,6 +295,13 @@ def run_code(
         case = _validate(
             sandbox_fusion_url, code, stdin, timeout, memory_limit_mb, files, fetch_files
         )
+        if language == "pytest":
+            try:
+                library = _guest_pytest.library()
+            except _guest_pytest.Missing as exc:
+                failures.record("pytest-missing", str(exc), "its pytest cases score -1")
+                return sandbox_error(str(exc)), None
+            case = replace(case, guest=replace(case.guest, pytest_library=library))
         if timeout <= 0:
             return time_limit_exceeded(), None  # as the service answers it, at once
         return _run_case(_hluk.hluk_path(), case, cancel), None

@@ -48,6 +48,10 @@ class Guest:
 
     image: Image
     scratch_mb: int | None
+    # A host directory holding pytest (see _guest_pytest), for `language: "pytest"` cases: it
+    # is mounted read-only and imported before the warm snapshot, and the guest's cases run
+    # under pytest. None: cases run as `python solution.py`.
+    pytest_library: str | None = None
 
     @property
     def memory_mb(self) -> int:
@@ -55,9 +59,12 @@ class Guest:
         return self.scratch_mb if self.scratch_mb is not None else self.image.default_memory_mb
 
     def args(self) -> list[str]:
-        """hluk run's guest arguments: image, memory and the warm-up code."""
+        """hluk run's guest arguments: image, memory, pytest's mount and the warm-up code."""
         memory = [] if self.scratch_mb is None else ["--scratch-mb", str(self.scratch_mb)]
-        return [*self.image.args, *memory, "--warm-exec", warm_exec_code()]
+        if self.pytest_library is None:
+            return [*self.image.args, *memory, "--warm-exec", warm_exec_code()]
+        mount = ["--mount", f"{self.pytest_library}:{runner.PYTEST_MOUNT}:ro"]
+        return [*self.image.args, *memory, *mount, "--warm-exec", warm_exec_code(pytest=True)]
 
 
 def image_for(url: str) -> Image:
@@ -130,10 +137,11 @@ def guest_for(url: str, memory_limit_mb: object) -> Guest:
     return Guest(image, memory_for(memory_limit_mb))
 
 
-@lru_cache(maxsize=1)
-def warm_exec_code() -> str:
+@lru_cache(maxsize=2)
+def warm_exec_code(pytest: bool = False) -> str:
     """hluk's --warm-exec: load the guest package (the frame protocol and the runner) and
-    prepare the common imports, once, before the snapshot is taken."""
+    prepare the common imports (and, for a pytest guest, pytest from its mount), once, before
+    the snapshot is taken."""
     package = runner.PACKAGE_NAME
     lines = [
         "import sys, types",
@@ -149,7 +157,10 @@ def warm_exec_code() -> str:
             f"exec(compile({source!r}, {runner.RUNNER_FILENAME!r}, 'exec'), _m.__dict__)",
             f"_p.{name} = _m",
         ]
-    lines += [f"_p.runner.prepare({list(PREPARED_MODULES)!r})", "del _p, _m, sys, types"]
+    lines.append(f"_p.runner.prepare({list(PREPARED_MODULES)!r})")
+    if pytest:
+        lines.append("_p.runner.prepare_pytest()")
+    lines.append("del _p, _m, sys, types")
     return "\n".join(lines) + "\n"
 
 

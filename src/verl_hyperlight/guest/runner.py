@@ -55,6 +55,23 @@ MODULE_NAME = PACKAGE_NAME + ".runner"
 WORK_DIR = "/tmp/solution"
 OUTPUT_DIR = "/tmp/.verl-hyperlight-output"
 OUTPUT_PATHS = {"stdout": OUTPUT_DIR + "/stdout", "stderr": OUTPUT_DIR + "/stderr"}
+# Directories every Linux host has, which solutions write to (Sandbox Fusion's own test writes
+# /mnt/b); the guest's root file system has none of them until the warm-up makes them.
+HOST_DIRECTORIES = ("/mnt", "/opt", "/srv", "/home", "/var/tmp")
+# Where a pytest guest mounts pytest (read-only), and how a case runs under it: the test file
+# in the solution's directory, and `pytest FILE` as pip's console script runs it, from where
+# pip installs it (its directory, not the case's, is first on sys.path).
+PYTEST_MOUNT = "/verl-hyperlight-pytest"
+PYTEST_FILE = "test_solution.py"
+PYTEST_SCRIPT = "/usr/local/bin/pytest"
+PYTEST_SCRIPT_SOURCE = (
+    "import re\n"
+    "import sys\n"
+    "from _pytest.config import _console_main\n"
+    "if __name__ == '__main__':\n"
+    "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+    "    sys.exit(_console_main())\n"
+)
 # CPython's status when flushing stdout at exit fails.
 FLUSH_FAILED_STATUS = 120
 # The status the guest ends with when the runner cannot report the case (the solution broke
@@ -106,12 +123,35 @@ _THREADS_AT_SHUTDOWN = sys.version_info[:2] != (3, 12)
 
 
 def prepare(modules: list[str]) -> None:
-    """Import the modules solutions commonly use, so the warm snapshot holds them."""
+    """Import the modules solutions commonly use, and make the directories every Linux host
+    has, so the warm snapshot holds them."""
     for name in modules:
         try:
             importlib.import_module(name)
         except Exception:
             continue
+    for directory in HOST_DIRECTORIES:
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError:
+            continue
+
+
+def prepare_pytest() -> None:
+    """Make this guest a pytest guest: pytest importable from its mount, and imported with the
+    plugins it loads by default, so the warm snapshot holds them; its cases then run under
+    pytest (see main)."""
+    global _language
+    sys.path.append(PYTEST_MOUNT)
+    config = importlib.import_module("_pytest.config")
+    plugins = [f"_pytest.{name}" for name in config.default_plugins]
+    # And what a session imports as it starts (its debugging plugin's pdb, its argcomplete).
+    prepare(["pytest", *plugins, "_pytest._argcomplete", "pdb", "readline", "faulthandler"])
+    # What the warm-up made stays for the guest's life: out of the collections a case's end
+    # runs (three, as CPython's exit does), which would otherwise walk pytest's objects each
+    # time, several times the cost of the case's own.
+    gc.freeze()
+    _language = "pytest"
 
 
 def _unraisable_hook_args_type() -> Callable[[tuple[object, ...]], Any]:
@@ -230,6 +270,9 @@ class _Case:
 
 
 _case: _Case | None = None
+# What this guest's cases run as: "python" (`python solution.py`), or "pytest" once
+# prepare_pytest has run in its warm-up.
+_language = "python"
 
 
 def _without_runner_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
@@ -840,7 +883,8 @@ def _run(case: _Case, source: bytes, path: str) -> int:
 
 
 def main(case_dir: str, nonce: str) -> None:
-    """Run the case in `case_dir` (solution.py, stdin) and report it on the console."""
+    """Run the case in `case_dir` (solution.py, stdin) and report it on the console: as
+    `python solution.py`, or in a pytest guest as `pytest test_solution.py`."""
     global _case
     console = _os_dup(1)
     case = _Case(nonce, console)
@@ -855,18 +899,21 @@ def main(case_dir: str, nonce: str) -> None:
     saved_fds = [_os_dup(fd) for fd in (0, 1, 2)]
     saved_limit = _getrecursionlimit()
     # After the request's files: one of them named as the solution does not replace it.
-    path = os.path.join(WORK_DIR, protocol.SOLUTION)
+    path = os.path.join(WORK_DIR, PYTEST_FILE if _language == "pytest" else protocol.SOLUTION)
     with _builtin_open(os.path.join(case_dir, protocol.SOLUTION), "rb") as f:
         source = f.read()
     with _builtin_open(path, "wb") as f:
         f.write(source)
+    argv = [path]
+    if _language == "pytest":
+        argv, path, source = [PYTEST_SCRIPT, path], PYTEST_SCRIPT, PYTEST_SCRIPT_SOURCE.encode()
     _redirect_descriptors(case, case_dir)
     streams = _std_streams()
     sys.stdin, sys.stdout, sys.stderr = streams
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams  # type: ignore[misc]
     os.chdir(WORK_DIR)
-    sys.path[:] = [WORK_DIR, *(p for p in sys.path if p not in ("", "."))]
-    sys.argv = [path]
+    sys.path[:] = [os.path.dirname(path), *(p for p in sys.path if p not in ("", "."))]
+    sys.argv = argv
     _reseed()
 
     status = _run(case, source, path)
