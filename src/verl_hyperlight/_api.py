@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import traceback
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -105,12 +106,28 @@ class _FailureLog:
             count = self.counts[cause] = self.counts.get(cause, 0) + 1
         return count
 
-    def record(self, cause: str, message: str, consequence: str) -> None:
+    def record(
+        self, cause: str, message: str, consequence: str, error: BaseException | None = None
+    ) -> None:
+        """Count one more case failed by `cause`; log it the first time (with `error`'s
+        traceback, if given), and at every power of ten."""
         count = self.count(cause)
         if count == 1:
-            logger.error("verl-hyperlight: %s (%s)", message, consequence)
+            logger.error("verl-hyperlight: %s (%s)", message, consequence, exc_info=error)
         elif math.log10(count).is_integer():
             logger.error("verl-hyperlight: %d cases failed so far with: %s", count, message)
+
+    def internal(self, error: Exception) -> None:
+        """A bug of this package's: its traceback logged once per cause (the exception's type
+        and the line that raised it), as a backend failure is, not once per case."""
+        where = traceback.extract_tb(error.__traceback__)[-1:]
+        place = f" at {where[0].filename}:{where[0].lineno}" if where else ""
+        self.record(
+            f"internal {type(error).__qualname__}{place}",
+            f"internal error {error!r}{place}",
+            f"{self.ONE_OFF}; later cases that fail the same way are counted, not logged",
+            error,
+        )
 
     def backend(self, failure: BackendError) -> None:
         if failure.announced:  # logged where it arose (a guest's gate opening)
@@ -446,6 +463,5 @@ def run_code(
         failures.backend(exc)
         return sandbox_error(str(exc)), None
     except Exception as exc:
-        logger.exception("verl-hyperlight: internal error")
-        failures.record("internal", f"internal error: {exc!r}", failures.ONE_OFF)
+        failures.internal(exc)
         return sandbox_error(f"verl-hyperlight internal error: {exc!r}"), None
