@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args
 
 from . import _hluk, _warmup
 from ._errors import ZEROES_REWARDS, BackendError, InvalidRequest, Refused
-from ._guest import Guest, guest_for, workload_code
+from ._guest import Guest, guest_for, hluk_argv, workload_code
 from ._hluk import Ending
 from ._response import Response, from_outcome, sandbox_error, time_limit_exceeded
 from .guest import protocol
@@ -386,15 +386,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
         for attempt in (1, 2):
             gate.ensure_ready(startup_timeout)
             nonce = secrets.token_hex(16)
-            argv = [
-                path,
-                "run",
-                *case.guest.args(),
-                "--mount",
-                mount,
-                "--exec",
-                workload_code(CASE_MOUNT, nonce),
-            ]
+            argv = hluk_argv(path, case.guest, workload_code(CASE_MOUNT, nonce), mount=mount)
             outcome = _hluk.run(
                 argv, nonce, case.run_timeout, startup_timeout, cwd=parent, cancel=cancel
             )

@@ -31,7 +31,7 @@ from filelock import FileLock
 
 from . import _hluk
 from ._errors import ZEROES_REWARDS, BackendError, FailingFast
-from ._guest import Guest, probe_code
+from ._guest import Guest, hluk_argv, probe_code
 
 logger = logging.getLogger("verl_hyperlight")
 
@@ -278,7 +278,7 @@ def _cache_unusable(exc: OSError) -> BackendError:
 
 def _probe(path: str, guest: Guest, startup_timeout: float) -> _hluk.RawOutcome:
     nonce = secrets.token_hex(16)
-    argv = [path, "--log-level", "info", "run", *guest.args(), "--exec", probe_code(nonce)]
+    argv = hluk_argv(path, guest, probe_code(nonce), log_level="info")
     return _hluk.run(argv, nonce, PROBE_RUN_TIMEOUT_SECONDS, startup_timeout)
 
 
