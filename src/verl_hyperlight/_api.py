@@ -25,7 +25,7 @@ from typing import Any, Literal, get_args
 from . import _hluk, _warmup
 from ._errors import ZEROES_REWARDS, BackendError, InvalidRequest, Refused
 from ._guest import Guest, guest_for, hluk_argv, workload_code
-from ._hluk import Ending
+from ._hluk import Verdict
 from ._response import Response, from_outcome, sandbox_error, time_limit_exceeded
 from .guest import protocol
 
@@ -380,30 +380,23 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
     # relative to the directory hluk runs in.
     parent, name = os.path.split(case_dir)
     mount = f"{name if ':' in case_dir else case_dir}:{CASE_MOUNT}:ro"
+
+    def attempt() -> _hluk.RawOutcome:
+        nonce = secrets.token_hex(16)
+        argv = hluk_argv(path, case.guest, workload_code(CASE_MOUNT, nonce), mount=mount)
+        return _hluk.run(argv, nonce, case.run_timeout, startup_timeout, cwd=parent, cancel=cancel)
+
     try:
         _write_case(case_dir, files)
-        gate = _warmup.gate(path, case.guest)
-        for attempt in (1, 2):
-            gate.ensure_ready(startup_timeout)
-            nonce = secrets.token_hex(16)
-            argv = hluk_argv(path, case.guest, workload_code(CASE_MOUNT, nonce), mount=mount)
-            outcome = _hluk.run(
-                argv, nonce, case.run_timeout, startup_timeout, cwd=parent, cancel=cancel
-            )
-            gate.observe(outcome)
-            if outcome.ending.is_the_solutions:
-                return from_outcome(outcome, case.run_timeout, case.fetch)
-            if outcome.ending is Ending.REFUSED:
-                raise Refused(outcome.refusal)
-            if outcome.ending is Ending.CANCELLED:
-                raise Refused("the case was cancelled before it ended")
-            failure = _hluk.failure(outcome, path)
-            if outcome.started or attempt == 2:
-                raise failure
-            # Nothing of the solution ran: a backend failure, tried once more, after the gate's
-            # probe has seen the guest start (see _warmup.Gate).
-            logger.warning("verl-hyperlight: retrying a case that did not start: %s", failure)
-        raise AssertionError("unreachable")
+        outcome = _warmup.gate(path, case.guest).run_case(attempt, startup_timeout)
+        verdict = outcome.verdict
+        if verdict is Verdict.SOLUTIONS:
+            return from_outcome(outcome, case.run_timeout, case.fetch)
+        if verdict is Verdict.REFUSED:
+            raise Refused(outcome.refusal)
+        if verdict is Verdict.CANCELLED:
+            raise Refused("the case was cancelled before it ended")
+        raise _hluk.failure(outcome, path)
     finally:
         _remove_case(case_dir, [name for name, _ in files])
         _janitor.tell(b"-", case_dir)

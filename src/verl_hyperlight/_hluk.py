@@ -98,22 +98,16 @@ class Ending(enum.Enum):
     # hluk ended with the status of the runner's failed call and no report: the solution broke
     # the runner (replaced or closed what it reports with)
     BROKEN = "broken"
-    # Failures of the backend, answered as SandboxError; retried once when nothing of the
-    # solution ran.
-    # Neither: the case was not run as asked (a request file the guest cannot write), or its
-    # caller cancelled it. Answered as SandboxError, neither retried nor logged as failures.
+    # Neither the solution's nor the backend's: the case was not run as asked (a request file
+    # the guest cannot write), or its caller cancelled it.
     REFUSED = "refused"
     CANCELLED = "cancelled"
+    # Failures of the backend.
     NOT_STARTED = "not-started"  # hluk exited before the solution started
     STARTUP_TIMEOUT = "startup-timeout"  # the solution did not start within its deadline
     HLUK_FAILED = "hluk-failed"  # hluk's own error (an `error:` line, a panic) after the start
     KILLED = "killed"  # hluk was killed by a signal this package did not send
     COPY_OUT_TIMEOUT = "copy-out-timeout"  # the output was not copied out within its budget
-
-    @property
-    def is_the_solutions(self) -> bool:
-        """Whether the solution's own doing ended the run (else the backend failed)."""
-        return self in _SOLUTION_ENDINGS
 
 
 _SOLUTION_ENDINGS = frozenset(
@@ -126,6 +120,34 @@ _SOLUTION_ENDINGS = frozenset(
         Ending.BROKEN,
     ]
 )
+
+
+class Verdict(enum.Enum):
+    """Whose an ending is, which is all that the case path, the guest's gate and the response
+    need to know of it (``verdict``)."""
+
+    # Answered from the outcome, as Sandbox Fusion answers the solution's doing.
+    SOLUTIONS = "the solution's"
+    # Answered SandboxError; neither retried, nor logged as a failure, nor a sign of the backend.
+    REFUSED = "refused"
+    CANCELLED = "cancelled"
+    # hluk failed before the solution started: answered SandboxError after one more try (nothing
+    # of the solution ran), and counted toward the gate (hluk may have stopped starting guests).
+    BACKEND_BEFORE_START = "backend failure before the start"
+    # hluk failed once the solution ran: answered SandboxError, never retried (the solution
+    # ran, and may have had effects); the guest did start, so hluk does start guests.
+    BACKEND_AFTER_START = "backend failure after the start"
+
+
+def verdict(ending: Ending, started: bool) -> Verdict:
+    """Whose `ending` is, the solution having `started` or not: decided here only."""
+    if ending in _SOLUTION_ENDINGS:
+        return Verdict.SOLUTIONS
+    if ending is Ending.REFUSED:
+        return Verdict.REFUSED
+    if ending is Ending.CANCELLED:
+        return Verdict.CANCELLED
+    return Verdict.BACKEND_AFTER_START if started else Verdict.BACKEND_BEFORE_START
 
 
 @dataclass(frozen=True)
@@ -148,6 +170,11 @@ class RawOutcome:
     restored: bool | None  # hluk's `restored=` log line, when run with --log-level info
     host_elapsed: float  # from the start frame (or the spawn) to the end frame or the stop
     limit: float  # the seconds of the deadline the run was held to last
+
+    @property
+    def verdict(self) -> Verdict:
+        """Whose the ending is (see ``verdict``)."""
+        return verdict(self.ending, self.started)
 
     @property
     def guest_status(self) -> int | None:
