@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hostside import KVM_FAILURE, URL, GateClock, Host, fail_with, result, run, sandbox_error
 
-from verl_hyperlight import _hluk, _warmup
+from verl_hyperlight import _api, _hluk, _warmup
 from verl_hyperlight._errors import BackendError, FailingFast
 from verl_hyperlight._guest import guest_for
 
@@ -297,3 +297,44 @@ def test_checks_racing_a_probe_that_recovers_get_an_answer_never_an_internal_err
     assert race.caught_mid_check.is_set()  # the interleaving did happen
     assert errors == []
     assert gate.ensure_ready() is None  # closed
+
+
+MEMORY_HUNGRY = (
+    "import time\nhoard = []\nwhile True:\n    hoard.append(b'x' * (8 << 20))\n"
+    "    time.sleep(0.002)\n"
+)
+
+
+def test_a_batch_of_memory_hungry_solutions_is_theirs_and_does_not_open_the_gate(
+    host: Host, caplog: pytest.LogCaptureFixture
+) -> None:
+    run("pass", memory=128)
+    cases, probes = len(host.case_runs()), len(host.warm_ups())
+
+    responses = in_threads(16, 8, lambda i: run(MEMORY_HUNGRY, memory=128))
+
+    # Each guest's kernel aborted once the solution ran: the solution's failure, answered as
+    # Sandbox Fusion answers an OOM kill, never retried, probed for, counted or logged.
+    for response in responses:
+        status, run_status, return_code, stdout, stderr = result(response)
+        assert (status, run_status, return_code, stdout) == ("Failed", "Finished", 137, "")
+        assert stderr.startswith("error: Guest aborted:")
+    assert len(host.case_runs()) - cases == 16
+    assert len(host.warm_ups()) - probes == 0
+    assert logged(caplog, OPENED) == []
+    assert _api.failures.counts == {}
+    # And the correct solutions after them score.
+    later = in_threads(8, 8, lambda i: run(f"print({i})", memory=128))
+    assert [result(r)[:4] for r in later] == [
+        ("Success", "Finished", 0, f"{i}\n") for i in range(8)
+    ]
+
+
+def test_a_guest_kernel_abort_before_the_start_is_a_backend_failure_that_opens_the_gate(
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    run("pass")
+    fail_with(monkeypatch, fail_file, "Guest aborted: 1 ", 100)
+    messages = [sandbox_error(run(f"print({i})")) for i in range(4)]
+    assert all("Guest aborted: 1" in m for m in messages)
+    assert [AT_ONCE in m for m in messages] == [False, False, True, True]

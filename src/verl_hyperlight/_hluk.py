@@ -83,6 +83,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?")
 _GUEST_EXIT = re.compile(r"error: the guest exited with status (-?\d+)")
+# hluk's last line when the guest kernel aborts (hyperlight's GuestAborted, which hluk prints
+# as `error: Guest aborted: <code> <message>` and exits 1).
+_GUEST_ABORTED = "error: Guest aborted:"
 _BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 
 
@@ -93,7 +96,10 @@ class Ending(enum.Enum):
     FINISHED = "finished"  # the runner reported the end and copied the whole output out
     TIMED_OUT = "timed-out"  # the solution ran past run_timeout and was stopped
     DEADLOCKED = "deadlocked"  # hluk found every guest thread blocked forever
-    GUEST_DIED = "guest-died"  # the guest process ended outside the runner (its OOM killer)
+    GUEST_DIED = "guest-died"  # the guest process ended outside the runner (killed in the guest)
+    # The guest kernel aborted while the solution ran: hluk has no handling of a guest out of
+    # memory, and a guest that exhausts its memory ends this way (`error: Guest aborted: ...`)
+    GUEST_ABORTED = "guest-aborted"
     CONSOLE_LIMIT = "console-limit"  # the console passed CONSOLE_LIMIT and was stopped
     # hluk ended with the status of the runner's failed call and no report: the solution broke
     # the runner (replaced or closed what it reports with)
@@ -116,6 +122,7 @@ _SOLUTION_ENDINGS = frozenset(
         Ending.TIMED_OUT,
         Ending.DEADLOCKED,
         Ending.GUEST_DIED,
+        Ending.GUEST_ABORTED,
         Ending.CONSOLE_LIMIT,
         Ending.BROKEN,
     ]
@@ -644,6 +651,8 @@ def _decide(
         return Ending.GUEST_DIED
     if error.startswith("error: the guest is deadlocked"):
         return Ending.DEADLOCKED
+    if error.startswith(_GUEST_ABORTED):
+        return Ending.GUEST_ABORTED
     if error:
         return Ending.HLUK_FAILED
     # hluk exits silently with the status of a failed call: the runner's call failed after
