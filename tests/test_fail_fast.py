@@ -296,7 +296,8 @@ def test_checks_racing_a_probe_that_recovers_get_an_answer_never_an_internal_err
         thread.join(30)
     assert race.caught_mid_check.is_set()  # the interleaving did happen
     assert errors == []
-    assert gate.ensure_ready() is None  # closed
+    assert gate.state is _warmup.State.CLOSED
+    assert gate.ensure_ready() is None
 
 
 MEMORY_HUNGRY = (

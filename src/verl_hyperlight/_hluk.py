@@ -146,17 +146,6 @@ class Verdict(enum.Enum):
     BACKEND_AFTER_START = "backend failure after the start"
 
 
-def verdict(ending: Ending, started: bool) -> Verdict:
-    """Whose `ending` is, the solution having `started` or not: decided here only."""
-    if ending in _SOLUTION_ENDINGS:
-        return Verdict.SOLUTIONS
-    if ending is Ending.REFUSED:
-        return Verdict.REFUSED
-    if ending is Ending.CANCELLED:
-        return Verdict.CANCELLED
-    return Verdict.BACKEND_AFTER_START if started else Verdict.BACKEND_BEFORE_START
-
-
 @dataclass(frozen=True)
 class RawOutcome:
     """What one hluk run produced, before it is shaped into a response."""
@@ -658,6 +647,18 @@ def _decide(
     # hluk exits silently with the status of a failed call: the runner's call failed after
     # the solution started, which only the solution can have caused.
     return Ending.BROKEN
+
+
+def verdict(ending: Ending, started: bool) -> Verdict:
+    """Whose `ending` (as ``_decide`` decided it) is, the solution having `started` or not:
+    decided here only, beside the Ending it follows from."""
+    if ending in _SOLUTION_ENDINGS:
+        return Verdict.SOLUTIONS
+    if ending is Ending.REFUSED:
+        return Verdict.REFUSED
+    if ending is Ending.CANCELLED:
+        return Verdict.CANCELLED
+    return Verdict.BACKEND_AFTER_START if started else Verdict.BACKEND_BEFORE_START
 
 
 def failure(outcome: RawOutcome, path: str) -> BackendError:

@@ -81,9 +81,9 @@ class Warmth:
 
 
 class State(enum.Enum):
-    """Where a guest's gate stands. Every transition is made under the gate's lock, by
-    `Gate._admit` (a case or a check arrives) or `Gate._record` (a run or a probe showed
-    something)."""
+    """Where a guest's gate stands. Every transition goes through `Gate._move`, under the
+    gate's lock: from `Gate._admit` (a case or a check arrives), or from what a run or a probe
+    showed."""
 
     # Seen warm, hluk's cache untouched since: cases pass.
     CLOSED = "closed"
@@ -172,9 +172,11 @@ class Gate:
 
     def _pass(self, startup_timeout: float | None, case: bool) -> Warmth | None:
         while True:
-            # Read before the lock: two stat calls and the clock need no lock, and a moment's
-            # staleness only sends a case to a probe, or past one, a moment late.
-            now, cache = time.monotonic(), _cache_state()
+            # The clock, and hluk's cache where it decides (a closed gate, seen as a hint: the
+            # decision is made under the lock), are read before the lock: two stat calls need
+            # none, and an open gate answers at once without them.
+            now = time.monotonic()
+            cache = _cache_state() if self.state is State.CLOSED else None
             with self._lock:
                 step = self._admit(now, cache)
                 if step is _Step.AT_ONCE:
@@ -186,17 +188,18 @@ class Gate:
                     continue
                 if step is _Step.PASS:
                     return None
-                # A guest seen warm whose cache is untouched needs a restore, not a pull and a
-                # boot: held to the start-up deadline, not the warm-up's.
-                restore = self.seen is not None and self.seen == cache
-            return self._probe(startup_timeout, restore)
+                seen = self.seen  # only this thread's probe changes it, from now on
+            # A guest seen warm whose cache is untouched needs a restore, not a pull and a boot:
+            # held to the start-up deadline, not the warm-up's.
+            return self._probe(startup_timeout, seen is not None and seen == _cache_state())
 
-    def _admit(self, now: float, cache: tuple[object, ...]) -> _Step:
-        """The one place that decides what an arriving case or check does (under the lock)."""
+    def _admit(self, now: float, cache: tuple[object, ...] | None) -> _Step:
+        """The one place that decides what an arriving case or check does (under the lock).
+        `cache`: hluk's cache as read before the lock, when the gate was closed then."""
         if self.state is State.CLOSED:
-            if self.seen == cache:
+            if (_cache_state() if cache is None else cache) == self.seen:
                 return _Step.PASS
-            self.state = State.SUSPECT  # the snapshot may have gone: see it again
+            self._move(State.SUSPECT)  # the snapshot may have gone: see it again
         if self.state is State.PROBING:
             return _Step.WAIT
         if self.state is State.HALF_OPEN:
@@ -204,9 +207,9 @@ class Gate:
         if self.state is State.OPEN:
             if now < self.retry_at:
                 return _Step.AT_ONCE
-            self.state = State.HALF_OPEN
+            self._move(State.HALF_OPEN)
             return _Step.PROBE
-        self.state = State.PROBING
+        self._move(State.PROBING)
         return _Step.PROBE
 
     def _probe(self, startup_timeout: float | None, restore: bool) -> Warmth:
@@ -223,7 +226,7 @@ class Gate:
             # Not hluk's doing (this package's, or the thread stopped): nothing learnt, but the
             # gate must not stay PROBING, or every later case would wait for a probe that is over.
             with self._lock:
-                self.state = State.OPEN if self.failure is not None else State.SUSPECT
+                self._move(State.OPEN if self.failure is not None else State.SUSPECT)
                 self._probed.notify_all()
             raise
         # As the probe left them: a snapshot it took changed the directories.
@@ -240,9 +243,10 @@ class Gate:
                 # or hluk may have stopped starting guests: the next case probes first.
                 self.failures_in_a_row += 1
                 if self.state is State.CLOSED:
-                    self.state = State.SUSPECT
-            elif verdict is not _hluk.Verdict.CANCELLED:
-                # The guest started (or the runner in it refused the case): hluk starts it.
+                    self._move(State.SUSPECT)
+            elif verdict is not _hluk.Verdict.CANCELLED and self.failure is None:
+                # The guest started (or the runner in it refused the case): hluk starts it. An
+                # open gate keeps the count that opened it (its answers say it) until a probe.
                 self.failures_in_a_row = 0
 
     def _record_probe_failure(self, failure: BackendError) -> None:
@@ -252,7 +256,7 @@ class Gate:
         if self.failure is not None or self.failures_in_a_row >= OPEN_AFTER:
             self._open(failure)
         else:
-            self.state = State.SUSPECT
+            self._move(State.SUSPECT)
         self._probed.notify_all()
 
     def _record_probe_success(self, cache: tuple[object, ...]) -> None:
@@ -264,7 +268,8 @@ class Gate:
                 time.monotonic() - self.opened_at,
                 self.answered_at_once,
             )
-        self.state, self.seen, self.failure = State.CLOSED, cache, None
+        self._move(State.CLOSED)
+        self.seen, self.failure = cache, None
         self.failures_in_a_row = 0
         self._probed.notify_all()
 
@@ -287,7 +292,19 @@ class Gate:
         else:
             self.back_off = min(2 * self.back_off, BACK_OFF_MAX_SECONDS)
         failure.announced = True
-        self.state, self.failure, self.retry_at = State.OPEN, failure, now + self.back_off
+        self._move(State.OPEN)
+        self.failure, self.retry_at = failure, now + self.back_off
+
+    def _move(self, state: State) -> None:
+        """Every transition (under the lock), said at DEBUG: rare, but the story of a stall."""
+        logger.debug(
+            "verl-hyperlight: %s's gate: %s -> %s (%d failures to start in a row)",
+            self.guest.image.label,
+            self.state.value,
+            state.value,
+            self.failures_in_a_row,
+        )
+        self.state = state
 
     def _answer_at_once(self) -> FailingFast:
         failure = self.failure
@@ -307,7 +324,7 @@ def _times(count: int) -> str:
 
 
 # The one piece of global state: a gate per guest, keyed by the guest's identity. Guarded by
-# _registry_lock; each gate's probe by its own lock, so cases waiting for one guest's probe do
+# _registry_lock; each gate's state by its own lock, so cases waiting for one guest's probe do
 # not block another's.
 _registry: dict[tuple[object, ...], Gate] = {}
 _registry_lock = threading.Lock()
