@@ -202,6 +202,35 @@ def test_each_cause_is_logged_at_error_once_per_process_then_counted(
     assert _api.failures.counts == {"kvm": 4}
 
 
+def test_an_internal_error_logs_its_traceback_once_per_cause_and_counts_the_rest(
+    host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from verl_hyperlight import _api, _warmup
+
+    caplog.set_level(logging.ERROR, logger="verl_hyperlight")
+
+    def broken_gate(path: str, guest: Any) -> Any:
+        # A bug of the package's, in two places: two causes.
+        if guest.scratch_mb is None:
+            raise ValueError(f"no gate for {path}")
+        raise KeyError(guest.scratch_mb)
+
+    monkeypatch.setattr(_warmup, "gate", broken_gate)
+    memories = [None] * 40 + [1024] * 20
+    with ThreadPoolExecutor(8) as pool:
+        messages = list(pool.map(lambda m: sandbox_error(run("print(1)", memory=m)), memories))
+    assert all("verl-hyperlight internal error" in m for m in messages)
+    tracebacks = [r for r in caplog.records if r.exc_info is not None]
+    assert sorted(type(r.exc_info[1]).__name__ for r in tracebacks) == ["KeyError", "ValueError"]
+    assert sorted(_api.failures.counts.values()) == [20, 40]
+    # The tenth of each cause is said again, without its traceback.
+    reminders = [r for r in caplog.records if "10 cases failed so far" in r.getMessage()]
+    assert len(reminders) == 2 and all(r.exc_info is None for r in reminders)
+    assert host.runs() == [] and host.case_dirs() == []
+
+
 @pytest.mark.parametrize("setting", ["0", "-3", "soon"])
 def test_a_bad_startup_timeout_setting_is_reported_and_the_default_used(
     host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: str

@@ -7,13 +7,18 @@ case waited is read from what ran: a case answered at once started no hluk proce
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hostside import KVM_FAILURE, GateClock, Host, fail_with, result, run, sandbox_error
+from hostside import KVM_FAILURE, URL, GateClock, Host, fail_with, result, run, sandbox_error
+
+from verl_hyperlight import _api, _hluk, _warmup
+from verl_hyperlight._errors import BackendError, FailingFast
+from verl_hyperlight._guest import guest_for
 
 AT_ONCE = "answered at once"
 OPENED = "so its cases are answered SandboxError at once"
@@ -193,3 +198,144 @@ def test_the_back_off_starts_at_a_second_doubles_with_each_failed_probe_and_star
     for i in range(3):
         sandbox_error(run(f"print({i})"))
     assert "a case tries it again within 1 s)" in sandbox_error(run("print('waits')"))
+
+
+def test_readiness_checks_are_not_counted_as_cases_answered_at_once(
+    host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, clock: GateClock
+) -> None:
+    caplog.set_level(logging.INFO, logger="verl_hyperlight")
+    run("pass")
+    monkeypatch.setenv("HLUK_STANDIN_SIGNAL", "SEGV")
+    messages = [sandbox_error(run(f"print({i})")) for i in range(6)]
+    # serve's /readyz and doctor see the open gate too, at once, but they are no cases.
+    path, guest = _hluk.hluk_path(), guest_for(URL, None)
+    for _ in range(5):
+        with pytest.raises(FailingFast):
+            _warmup.ensure_ready(path, guest)
+
+    monkeypatch.delenv("HLUK_STANDIN_SIGNAL")
+    clock.skip_back_off()
+    assert result(run("print('up')"))[:4] == ("Success", "Finished", 0, "up\n")
+    at_once = sum(AT_ONCE in m for m in messages)
+    assert at_once == 4
+    [closed] = logged(caplog, CLOSED)
+    assert f"{at_once} cases were answered SandboxError at once" in closed
+
+
+class RaceClock:
+    """The gate's clock, with the interleaving of a fail-fast check and a recovering probe made
+    certain: the probing thread sees the back-off over; every other thread that reads the clock
+    while the probe runs lets it finish (the gate recovers) before it reads a time within the
+    back-off. Bounded waits: a gate that holds a lock across the clock only slows this down."""
+
+    def __init__(self, before: float, after: float) -> None:
+        self.before, self.after = before, after
+        self.prober: threading.Thread | None = None
+        self.probing = threading.Event()
+        self.caught_mid_check = threading.Event()
+        self.recovered = threading.Event()
+
+    def monotonic(self) -> float:
+        if threading.current_thread() is self.prober:
+            return self.after
+        if self.probing.is_set() and not self.recovered.is_set():
+            self.caught_mid_check.set()
+            self.recovered.wait(5)
+        return self.before
+
+
+def test_checks_racing_a_probe_that_recovers_get_an_answer_never_an_internal_error(
+    host: Host, monkeypatch: pytest.MonkeyPatch, clock: GateClock
+) -> None:
+    path, guest = _hluk.hluk_path(), guest_for(URL, None)
+    gate = _warmup.gate(path, guest)
+
+    def down(*args: object) -> _warmup.Warmth:
+        raise BackendError("hluk at x failed (status 1): down", "hluk-failed")
+
+    monkeypatch.setattr(_warmup, "_warm_up", down)
+    for _ in range(_warmup.OPEN_AFTER):
+        with pytest.raises(BackendError):
+            gate.ensure_ready()
+    with pytest.raises(FailingFast):
+        gate.ensure_ready()
+
+    race = RaceClock(clock.now, clock.now + _warmup.BACK_OFF_MAX_SECONDS + 1)
+    monkeypatch.setattr(_warmup, "time", race)
+
+    def up(*args: object) -> _warmup.Warmth:
+        race.probing.set()
+        race.caught_mid_check.wait(5)  # a check is between its reads of the gate's state
+        return _warmup.Warmth(True, 0.0)
+
+    monkeypatch.setattr(_warmup, "_warm_up", up)
+    errors: list[BaseException] = []
+
+    def probe() -> None:
+        gate.ensure_ready()
+        race.recovered.set()
+
+    def hammer() -> None:
+        while True:
+            done = race.recovered.is_set()
+            try:
+                gate.ensure_ready()
+            except FailingFast:
+                pass  # the gate still open: a right answer
+            except BaseException as exc:  # an internal error, as run_code would answer it
+                errors.append(exc)
+                return
+            if done:
+                return
+
+    race.prober = threading.Thread(target=probe)
+    hammers = [threading.Thread(target=hammer) for _ in range(16)]
+    for thread in [race.prober, *hammers]:
+        thread.start()
+    for thread in [race.prober, *hammers]:
+        thread.join(30)
+    assert race.caught_mid_check.is_set()  # the interleaving did happen
+    assert errors == []
+    assert gate.state is _warmup.State.CLOSED
+    assert gate.ensure_ready() is None
+
+
+MEMORY_HUNGRY = (
+    "import time\nhoard = []\nwhile True:\n    hoard.append(b'x' * (8 << 20))\n"
+    "    time.sleep(0.002)\n"
+)
+
+
+def test_a_batch_of_memory_hungry_solutions_is_theirs_and_does_not_open_the_gate(
+    host: Host, caplog: pytest.LogCaptureFixture
+) -> None:
+    run("pass", memory=128)
+    cases, probes = len(host.case_runs()), len(host.warm_ups())
+
+    responses = in_threads(16, 8, lambda i: run(MEMORY_HUNGRY, memory=128))
+
+    # Each guest's kernel aborted once the solution ran: the solution's failure, answered as
+    # Sandbox Fusion answers an OOM kill, never retried, probed for, counted or logged.
+    for response in responses:
+        status, run_status, return_code, stdout, stderr = result(response)
+        assert (status, run_status, return_code, stdout) == ("Failed", "Finished", 137, "")
+        assert stderr.startswith("error: Guest aborted:")
+    assert len(host.case_runs()) - cases == 16
+    assert len(host.warm_ups()) - probes == 0
+    assert logged(caplog, OPENED) == []
+    assert _api.failures.counts == {}
+    # And the correct solutions after them score.
+    later = in_threads(8, 8, lambda i: run(f"print({i})", memory=128))
+    assert [result(r)[:4] for r in later] == [
+        ("Success", "Finished", 0, f"{i}\n") for i in range(8)
+    ]
+
+
+def test_a_guest_kernel_abort_before_the_start_is_a_backend_failure_that_opens_the_gate(
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    run("pass")
+    fail_with(monkeypatch, fail_file, "Guest aborted: 1 ", 100)
+    messages = [sandbox_error(run(f"print({i})")) for i in range(4)]
+    assert all("Guest aborted: 1" in m for m in messages)
+    assert [AT_ONCE in m for m in messages] == [False, False, True, True]

@@ -58,6 +58,7 @@ def console_descriptors():
 # that are not UTF-8, with and without newlines.
 CONSOLE_LIES = (
     b"\nerror: the guest exited with status 137\n"
+    b"error: Guest aborted: 1 out of memory\n"
     b"\x1b[2m2025-01-01T00:00:00.000000Z\x1b[0m \x1b[32m INFO\x1b[0m boot restored=false\n"
     b"thread 'main' panicked at src/main.rs:1:1\n"
     b"error: the guest is deadlocked: every thread is blocked\n"
@@ -163,20 +164,20 @@ ATTACKS = {
     "fills /tmp": Attack(
         "with open('/tmp/hoard', 'wb') as f:\n    while True:\n"
         "        f.write(b'x' * (1 << 20))\n        f.flush()\n",
-        # Out of space (ENOSPC, status 1) or out of the guest's memory (killed, 137): which
-        # comes first is a race between the guest's writes and its memory's watcher.
+        # Out of space (ENOSPC, status 1) or out of the guest's memory (its kernel aborts, 137):
+        # which comes first is a race between the guest's writes and its memory's watcher.
         Expect("Failed", "Finished", None),
         memory=128,
     ),
     "fills the root filesystem": Attack(
         "with open('/hoard', 'wb') as f:\n    while True:\n"
         "        f.write(b'x' * (1 << 20))\n        f.flush()\n",
-        Expect("Failed", "Finished", 137, "", "the guest exited with status 137"),
+        Expect("Failed", "Finished", 137, "", "error: Guest aborted:"),
         memory=128,
     ),
     "exhausts its memory": Attack(
         f"hoard = b'x' * {1024 * MIB}\nprint('survived')\n",
-        Expect("Failed", "Finished", 137, "", "the guest exited with status 137"),
+        Expect("Failed", "Finished", 137, "", "error: Guest aborted:"),
         memory=128,
     ),
     # Processes and threads.

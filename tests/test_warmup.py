@@ -258,7 +258,7 @@ def test_a_probe_outside_a_case_is_held_to_the_startup_setting(
 
     path, guest = _hluk.hluk_path(), guest_for("hyperlight://", None)
     assert _warmup.ensure_ready(path, guest) is not None  # probed: now seen warm
-    _warmup.gate(path, guest).suspect = True  # as after a case that hluk failed to start
+    _warmup.gate(path, guest).state = _warmup.State.SUSPECT  # as after a case hluk did not start
     monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
     monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "2")
     with pytest.raises(BackendError, match=r"did not start within 2 s \(VERL_HYPERLIGHT_STARTUP"):

@@ -12,13 +12,14 @@ import logging
 import math
 import secrets
 import threading
+import traceback
 from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 from . import _casedir, _guest_pytest, _hluk, _warmup
 from ._errors import ZEROES_REWARDS, BackendError, InvalidRequest, Refused
-from ._guest import Guest, guest_for, workload_code
-from ._hluk import Ending
+from ._guest import Guest, guest_for, hluk_argv, workload_code
+from ._hluk import Verdict
 from ._response import Response, from_outcome, sandbox_error, time_limit_exceeded
 from .guest import protocol
 
@@ -98,12 +99,28 @@ class _FailureLog:
             count = self.counts[cause] = self.counts.get(cause, 0) + 1
         return count
 
-    def record(self, cause: str, message: str, consequence: str) -> None:
+    def record(
+        self, cause: str, message: str, consequence: str, error: BaseException | None = None
+    ) -> None:
+        """Count one more case failed by `cause`; log it the first time (with `error`'s
+        traceback, if given), and at every power of ten."""
         count = self.count(cause)
         if count == 1:
-            logger.error("verl-hyperlight: %s (%s)", message, consequence)
+            logger.error("verl-hyperlight: %s (%s)", message, consequence, exc_info=error)
         elif math.log10(count).is_integer():
             logger.error("verl-hyperlight: %d cases failed so far with: %s", count, message)
+
+    def internal(self, error: Exception) -> None:
+        """A bug of this package's: its traceback logged once per cause (the exception's type
+        and the line that raised it), as a backend failure is, not once per case."""
+        where = traceback.extract_tb(error.__traceback__)[-1:]
+        place = f" at {where[0].filename}:{where[0].lineno}" if where else ""
+        self.record(
+            f"internal {type(error).__qualname__}{place}",
+            f"internal error {error!r}{place}",
+            f"{self.ONE_OFF}; later cases that fail the same way are counted, not logged",
+            error,
+        )
 
     def backend(self, failure: BackendError) -> None:
         if failure.announced:  # logged where it arose (a guest's gate opening)
@@ -223,37 +240,22 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
     startup_timeout = _startup_timeout()
     case_dir = _casedir.make(_casedir.files_of(case.code, case.stdin, case.files, case.fetch))
     parent, mount = case_dir.parent, case_dir.mount(CASE_MOUNT)
+
+    def attempt() -> _hluk.RawOutcome:
+        nonce = secrets.token_hex(16)
+        argv = hluk_argv(path, case.guest, workload_code(CASE_MOUNT, nonce), mount=mount)
+        return _hluk.run(argv, nonce, case.run_timeout, startup_timeout, cwd=parent, cancel=cancel)
+
     try:
-        gate = _warmup.gate(path, case.guest)
-        for attempt in (1, 2):
-            gate.ensure_ready(startup_timeout)
-            nonce = secrets.token_hex(16)
-            argv = [
-                path,
-                "run",
-                *case.guest.args(),
-                "--mount",
-                mount,
-                "--exec",
-                workload_code(CASE_MOUNT, nonce),
-            ]
-            outcome = _hluk.run(
-                argv, nonce, case.run_timeout, startup_timeout, cwd=parent, cancel=cancel
-            )
-            gate.observe(outcome)
-            if outcome.ending.is_the_solutions:
-                return from_outcome(outcome, case.run_timeout, case.fetch)
-            if outcome.ending is Ending.REFUSED:
-                raise Refused(outcome.refusal)
-            if outcome.ending is Ending.CANCELLED:
-                raise Refused("the case was cancelled before it ended")
-            failure = _hluk.failure(outcome, path)
-            if outcome.started or attempt == 2:
-                raise failure
-            # Nothing of the solution ran: a backend failure, tried once more, after the gate's
-            # probe has seen the guest start (see _warmup.Gate).
-            logger.warning("verl-hyperlight: retrying a case that did not start: %s", failure)
-        raise AssertionError("unreachable")
+        outcome = _warmup.gate(path, case.guest).run_case(attempt, startup_timeout)
+        verdict = outcome.verdict
+        if verdict is Verdict.SOLUTIONS:
+            return from_outcome(outcome, case.run_timeout, case.fetch)
+        if verdict is Verdict.REFUSED:
+            raise Refused(outcome.refusal)
+        if verdict is Verdict.CANCELLED:
+            raise Refused("the case was cancelled before it ended")
+        raise _hluk.failure(outcome, path)
     finally:
         case_dir.remove()
 
@@ -313,6 +315,5 @@ def run_code(
         failures.backend(exc)
         return sandbox_error(str(exc)), None
     except Exception as exc:
-        logger.exception("verl-hyperlight: internal error")
-        failures.record("internal", f"internal error: {exc!r}", failures.ONE_OFF)
+        failures.internal(exc)
         return sandbox_error(f"verl-hyperlight internal error: {exc!r}"), None

@@ -178,3 +178,24 @@ def workload_code(case_dir: str, nonce: str) -> str:
 def probe_code(nonce: str) -> str:
     """hluk's --exec for a warm-up: report an empty case through the runner."""
     return _call("probe", nonce)
+
+
+def hluk_argv(
+    path: str,
+    guest: Guest,
+    exec_code: str,
+    *,
+    mount: str | None = None,
+    log_level: str | None = None,
+) -> list[str]:
+    """The argv that runs `exec_code` in `guest` with the hluk at `path`: the one place a case's
+    and a probe's runs are spelled, so they cannot drift apart. `mount` is a --mount value
+    (HOST:GUEST[:ro]); `log_level` hluk's --log-level (a probe reads its `restored=` line)."""
+    argv = [path]
+    if log_level is not None:
+        argv += ["--log-level", log_level]
+    argv += ["run", *guest.args()]
+    if mount is not None:
+        argv += ["--mount", mount]
+    argv += ["--exec", exec_code]
+    return argv

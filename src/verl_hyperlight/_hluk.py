@@ -83,6 +83,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?")
 _GUEST_EXIT = re.compile(r"error: the guest exited with status (-?\d+)")
+# hluk's last line when the guest kernel aborts (hyperlight's GuestAborted, which hluk prints
+# as `error: Guest aborted: <code> <message>` and exits 1).
+_GUEST_ABORTED = "error: Guest aborted:"
 _BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 
 
@@ -93,27 +96,24 @@ class Ending(enum.Enum):
     FINISHED = "finished"  # the runner reported the end and copied the whole output out
     TIMED_OUT = "timed-out"  # the solution ran past run_timeout and was stopped
     DEADLOCKED = "deadlocked"  # hluk found every guest thread blocked forever
-    GUEST_DIED = "guest-died"  # the guest process ended outside the runner (its OOM killer)
+    GUEST_DIED = "guest-died"  # the guest process ended outside the runner (killed in the guest)
+    # The guest kernel aborted while the solution ran: hluk has no handling of a guest out of
+    # memory, and a guest that exhausts its memory ends this way (`error: Guest aborted: ...`)
+    GUEST_ABORTED = "guest-aborted"
     CONSOLE_LIMIT = "console-limit"  # the console passed CONSOLE_LIMIT and was stopped
     # hluk ended with the status of the runner's failed call and no report: the solution broke
     # the runner (replaced or closed what it reports with)
     BROKEN = "broken"
-    # Failures of the backend, answered as SandboxError; retried once when nothing of the
-    # solution ran.
-    # Neither: the case was not run as asked (a request file the guest cannot write), or its
-    # caller cancelled it. Answered as SandboxError, neither retried nor logged as failures.
+    # Neither the solution's nor the backend's: the case was not run as asked (a request file
+    # the guest cannot write), or its caller cancelled it.
     REFUSED = "refused"
     CANCELLED = "cancelled"
+    # Failures of the backend.
     NOT_STARTED = "not-started"  # hluk exited before the solution started
     STARTUP_TIMEOUT = "startup-timeout"  # the solution did not start within its deadline
     HLUK_FAILED = "hluk-failed"  # hluk's own error (an `error:` line, a panic) after the start
     KILLED = "killed"  # hluk was killed by a signal this package did not send
     COPY_OUT_TIMEOUT = "copy-out-timeout"  # the output was not copied out within its budget
-
-    @property
-    def is_the_solutions(self) -> bool:
-        """Whether the solution's own doing ended the run (else the backend failed)."""
-        return self in _SOLUTION_ENDINGS
 
 
 _SOLUTION_ENDINGS = frozenset(
@@ -122,10 +122,28 @@ _SOLUTION_ENDINGS = frozenset(
         Ending.TIMED_OUT,
         Ending.DEADLOCKED,
         Ending.GUEST_DIED,
+        Ending.GUEST_ABORTED,
         Ending.CONSOLE_LIMIT,
         Ending.BROKEN,
     ]
 )
+
+
+class Verdict(enum.Enum):
+    """Whose an ending is, which is all that the case path, the guest's gate and the response
+    need to know of it (``verdict``)."""
+
+    # Answered from the outcome, as Sandbox Fusion answers the solution's doing.
+    SOLUTIONS = "the solution's"
+    # Answered SandboxError; neither retried, nor logged as a failure, nor a sign of the backend.
+    REFUSED = "refused"
+    CANCELLED = "cancelled"
+    # hluk failed before the solution started: answered SandboxError after one more try (nothing
+    # of the solution ran), and counted toward the gate (hluk may have stopped starting guests).
+    BACKEND_BEFORE_START = "backend failure before the start"
+    # hluk failed once the solution ran: answered SandboxError, never retried (the solution
+    # ran, and may have had effects); the guest did start, so hluk does start guests.
+    BACKEND_AFTER_START = "backend failure after the start"
 
 
 @dataclass(frozen=True)
@@ -148,6 +166,11 @@ class RawOutcome:
     restored: bool | None  # hluk's `restored=` log line, when run with --log-level info
     host_elapsed: float  # from the start frame (or the spawn) to the end frame or the stop
     limit: float  # the seconds of the deadline the run was held to last
+
+    @property
+    def verdict(self) -> Verdict:
+        """Whose the ending is (see ``verdict``)."""
+        return verdict(self.ending, self.started)
 
     @property
     def guest_status(self) -> int | None:
@@ -617,11 +640,25 @@ def _decide(
         return Ending.GUEST_DIED
     if error.startswith("error: the guest is deadlocked"):
         return Ending.DEADLOCKED
+    if error.startswith(_GUEST_ABORTED):
+        return Ending.GUEST_ABORTED
     if error:
         return Ending.HLUK_FAILED
     # hluk exits silently with the status of a failed call: the runner's call failed after
     # the solution started, which only the solution can have caused.
     return Ending.BROKEN
+
+
+def verdict(ending: Ending, started: bool) -> Verdict:
+    """Whose `ending` (as ``_decide`` decided it) is, the solution having `started` or not:
+    decided here only, beside the Ending it follows from."""
+    if ending in _SOLUTION_ENDINGS:
+        return Verdict.SOLUTIONS
+    if ending is Ending.REFUSED:
+        return Verdict.REFUSED
+    if ending is Ending.CANCELLED:
+        return Verdict.CANCELLED
+    return Verdict.BACKEND_AFTER_START if started else Verdict.BACKEND_BEFORE_START
 
 
 def failure(outcome: RawOutcome, path: str) -> BackendError:

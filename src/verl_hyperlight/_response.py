@@ -9,6 +9,9 @@ from ._hluk import Ending, RawOutcome
 from .guest.protocol import FILE_LEFT_OUT, FILES_OUT_LIMIT, OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
 
 Response = dict[str, Any]
+# The return code of a solution whose guest kernel aborted (hluk's answer to a guest out of
+# memory): that of a process the kernel's OOM killer killed, as Sandbox Fusion's host reports it.
+GUEST_ABORTED_RETURN_CODE = 137
 
 
 def _decode(data: memoryview) -> str:
@@ -114,6 +117,16 @@ def from_outcome(outcome: RawOutcome, run_timeout: float, fetch: tuple[str, ...]
         # message is all that is left. Its output is lost, so it never counts as a success.
         status = outcome.guest_status or 1
         stdout, stderr = "", outcome.hluk_error + "\n"
+    elif ending is Ending.GUEST_ABORTED:
+        # hluk has no handling of a guest out of memory: its kernel aborts, and whatever of the
+        # output was not copied out is lost. Answered as an OOM kill, never as a backend failure.
+        status = GUEST_ABORTED_RETURN_CODE
+        stdout = ""
+        stderr = (
+            f"{outcome.hluk_error}\nverl-hyperlight: the guest kernel aborted while the solution "
+            "ran, most often because the solution exhausted the micro-VM's memory "
+            f"(memory_limit_mb); answered as an out-of-memory kill (return code {status})\n"
+        )
     else:
         assert ending is Ending.BROKEN, ending
         # hluk ended with the status of the runner's failed call: the solution broke what the

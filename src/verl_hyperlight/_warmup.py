@@ -18,12 +18,14 @@ that keeps failing to start is failed fast (see Gate).
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from filelock import FileLock
 
 from . import _hluk
 from ._errors import ZEROES_REWARDS, BackendError, FailingFast
-from ._guest import Guest, probe_code
+from ._guest import Guest, hluk_argv, probe_code
 
 logger = logging.getLogger("verl_hyperlight")
 
@@ -78,9 +80,37 @@ class Warmth:
     seconds: float
 
 
+class State(enum.Enum):
+    """Where a guest's gate stands. Every transition goes through `Gate._move`, under the
+    gate's lock: from `Gate._admit` (a case or a check arrives), or from what a run or a probe
+    showed."""
+
+    # Seen warm, hluk's cache untouched since: cases pass.
+    CLOSED = "closed"
+    # Not seen warm (yet, or since hluk's cache changed), or a run failed before the guest
+    # started: the next case probes, and the others wait for its probe.
+    SUSPECT = "suspect"
+    # A suspect gate's probe runs: cases wait for it.
+    PROBING = "probing"
+    # hluk keeps failing to start the guest: cases are answered at once until the back-off ends.
+    OPEN = "open"
+    # The back-off over, one case probes the open gate: the others are still answered at once.
+    HALF_OPEN = "half-open"
+
+
+class _Step(enum.Enum):
+    """What `Gate._admit` tells the thread that arrives."""
+
+    PASS = "pass"
+    WAIT = "wait"  # for the running probe
+    PROBE = "probe"  # this thread runs the probe
+    AT_ONCE = "at-once"
+
+
 class Gate:
     """What this process knows of one guest: whether it is warm, and whether hluk is starting
-    it at all. A case passes the gate before each hluk run and reports what the run showed.
+    it at all; a circuit breaker (closed, suspect, probing, open, half-open: see State) that
+    every case passes before each hluk run.
 
     A guest's cases wait for one probe (of the guest's warm state, and of whether hluk starts
     it) whenever a case's run failed before the guest started; so a brief failure, even one
@@ -89,78 +119,159 @@ class Gate:
     and probes, with no start between), the gate opens: cases are answered SandboxError at once,
     without running hluk, and after a back-off (BACK_OFF_FIRST_SECONDS, doubled after each probe
     that fails, up to BACK_OFF_MAX_SECONDS) one case probes again while the others still fail
-    fast; the first success closes it. Opening and closing are logged once each."""
+    fast; the first success closes it. Opening and closing are logged once each.
+
+    The state is only read and changed under `_lock`, held for a few comparisons: a probe (a
+    hluk run, seconds or minutes) runs outside it, by the one thread that `_admit` chose."""
 
     def __init__(self, path: str, guest: Guest) -> None:
         self.path, self.guest = path, guest
-        self.lock = threading.Lock()  # held by the one probe running
-        # hluk's cache directories as they were when the guest was last seen warm; None: not yet.
+        self._lock = threading.Lock()
+        self._probed = threading.Condition(self._lock)  # notified when a probe has ended
+        self.state = State.SUSPECT
+        # hluk's cache directories as they were when the guest was last seen warm.
         self.seen: tuple[object, ...] | None = None
-        self.suspect = False  # a run failed before the guest started: probe before the next
         self.failures_in_a_row = 0  # runs and probes that failed to start the guest, since one did
-        self.failure: BackendError | None = None  # why the gate is open; None: closed
+        self.failure: BackendError | None = None  # why the gate is open (OPEN, HALF_OPEN)
         self.opened_at = 0.0
         self.retry_at = 0.0
         self.back_off = 0.0  # the open gate's current back-off
-        self.answered_at_once = 0
+        self.answered_at_once = 0  # cases (not readiness checks) since the gate opened
+
+    def run_case(
+        self, attempt: Callable[[], _hluk.RawOutcome], startup_timeout: float
+    ) -> _hluk.RawOutcome:
+        """Run one case's hluk run, `attempt`, through the gate: pass it first (BackendError,
+        at once while it is open), report what the run showed, and run it once more when it
+        failed before the guest started (nothing of the solution ran), after the probe that
+        such a failure calls for. The last run's outcome."""
+        outcome = self._attempt(attempt, startup_timeout)
+        if outcome.verdict is _hluk.Verdict.BACKEND_BEFORE_START:
+            logger.warning(
+                "verl-hyperlight: retrying a case that did not start: %s",
+                _hluk.failure(outcome, self.path),
+            )
+            outcome = self._attempt(attempt, startup_timeout)
+        return outcome
 
     def ensure_ready(self, startup_timeout: float | None = None) -> Warmth | None:
         """Return once the guest is warm (what a probe found, or None when nothing changed since
         it was last seen warm); BackendError if it cannot be, at once while the gate is open.
+        For a readiness check (serve, doctor, `warm-up`): not counted as a case answered at once.
         `startup_timeout` bounds a probe of a guest seen warm before whose cache is untouched
         (None: VERL_HYPERLIGHT_STARTUP_TIMEOUT, as for cases)."""
-        if self._passes():
-            return None
-        if self.failure is not None and (time.monotonic() < self.retry_at or self.lock.locked()):
-            raise self._answer_at_once()
-        with self.lock:
-            if self._passes():
-                return None
-            if self.failure is not None and time.monotonic() < self.retry_at:
-                raise self._answer_at_once()
-            # A guest seen warm whose cache is untouched needs a restore, not a pull and a boot.
-            restore = self.seen is not None and self.seen == _cache_state()
+        return self._pass(startup_timeout, case=False)
+
+    def _attempt(
+        self, attempt: Callable[[], _hluk.RawOutcome], startup_timeout: float
+    ) -> _hluk.RawOutcome:
+        self._pass(startup_timeout, case=True)
+        outcome = attempt()
+        self._record_run(outcome.verdict)
+        return outcome
+
+    def _pass(self, startup_timeout: float | None, case: bool) -> Warmth | None:
+        while True:
+            # The clock, and hluk's cache where it decides (a closed gate, seen as a hint: the
+            # decision is made under the lock), are read before the lock: two stat calls need
+            # none, and an open gate answers at once without them.
+            now = time.monotonic()
+            cache = _cache_state() if self.state is State.CLOSED else None
+            with self._lock:
+                step = self._admit(now, cache)
+                if step is _Step.AT_ONCE:
+                    if case:
+                        self.answered_at_once += 1
+                    raise self._answer_at_once()
+                if step is _Step.WAIT:
+                    self._probed.wait()
+                    continue
+                if step is _Step.PASS:
+                    return None
+                seen = self.seen  # only this thread's probe changes it, from now on
+            # A guest seen warm whose cache is untouched needs a restore, not a pull and a boot:
+            # held to the start-up deadline, not the warm-up's.
+            return self._probe(startup_timeout, seen is not None and seen == _cache_state())
+
+    def _admit(self, now: float, cache: tuple[object, ...] | None) -> _Step:
+        """The one place that decides what an arriving case or check does (under the lock).
+        `cache`: hluk's cache as read before the lock, when the gate was closed then."""
+        if self.state is State.CLOSED:
+            if (_cache_state() if cache is None else cache) == self.seen:
+                return _Step.PASS
+            self._move(State.SUSPECT)  # the snapshot may have gone: see it again
+        if self.state is State.PROBING:
+            return _Step.WAIT
+        if self.state is State.HALF_OPEN:
+            return _Step.AT_ONCE
+        if self.state is State.OPEN:
+            if now < self.retry_at:
+                return _Step.AT_ONCE
+            self._move(State.HALF_OPEN)
+            return _Step.PROBE
+        self._move(State.PROBING)
+        return _Step.PROBE
+
+    def _probe(self, startup_timeout: float | None, restore: bool) -> Warmth:
+        """Run the probe `_admit` chose this thread for, outside the lock, and record it."""
+        try:
             if restore and startup_timeout is None:
                 startup_timeout = _seconds(_hluk.STARTUP_TIMEOUT_ENV, _hluk.DEFAULT_STARTUP_TIMEOUT)
-            try:
-                warmth = _warm_up(self.path, self.guest, startup_timeout if restore else None)
-            except BackendError as failure:
-                self.failures_in_a_row += 1
-                # A failure alone, even of a first warm-up, may be a one-off: only failing
-                # again and again, or still failing once open, fails cases at once.
-                if self.failure is not None or self.failures_in_a_row >= OPEN_AFTER:
-                    self._open(failure)
-                raise
-            if self.failure is not None:
-                logger.warning(
-                    "verl-hyperlight: %s starts again; the gate was open %.0f s, %d cases were "
-                    "answered SandboxError at once meanwhile",
-                    self.guest.image.label,
-                    time.monotonic() - self.opened_at,
-                    self.answered_at_once,
-                )
-            # As the probe left it: a snapshot it took changed the directories.
-            self.seen, self.suspect, self.failure = _cache_state(), False, None
-            self.failures_in_a_row = 0
-            return warmth
+            warmth = _warm_up(self.path, self.guest, startup_timeout if restore else None)
+        except BackendError as failure:
+            with self._lock:
+                self._record_probe_failure(failure)
+            raise
+        except BaseException:
+            # Not hluk's doing (this package's, or the thread stopped): nothing learnt, but the
+            # gate must not stay PROBING, or every later case would wait for a probe that is over.
+            with self._lock:
+                self._move(State.OPEN if self.failure is not None else State.SUSPECT)
+                self._probed.notify_all()
+            raise
+        # As the probe left them: a snapshot it took changed the directories.
+        cache = _cache_state()
+        with self._lock:
+            self._record_probe_success(cache)
+        return warmth
 
-    def observe(self, outcome: _hluk.RawOutcome) -> None:
+    def _record_run(self, verdict: _hluk.Verdict) -> None:
         """What a case's hluk run showed of the backend."""
-        if outcome.started or outcome.ending is _hluk.Ending.REFUSED:
-            self.failures_in_a_row = 0
-        elif not outcome.ending.is_the_solutions and outcome.ending is not _hluk.Ending.CANCELLED:
-            # The snapshot may have gone (`hluk cache clean`, concurrent cold boots broke it), or
-            # hluk may have stopped starting guests: the next case probes first.
-            self.failures_in_a_row += 1
-            self.suspect = True
+        with self._lock:
+            if verdict is _hluk.Verdict.BACKEND_BEFORE_START:
+                # The snapshot may have gone (`hluk cache clean`, concurrent cold boots broke it),
+                # or hluk may have stopped starting guests: the next case probes first.
+                self.failures_in_a_row += 1
+                if self.state is State.CLOSED:
+                    self._move(State.SUSPECT)
+            elif verdict is not _hluk.Verdict.CANCELLED and self.failure is None:
+                # The guest started (or the runner in it refused the case): hluk starts it. An
+                # open gate keeps the count that opened it (its answers say it) until a probe.
+                self.failures_in_a_row = 0
 
-    def _passes(self) -> bool:
-        return (
-            self.failure is None
-            and not self.suspect
-            and self.seen is not None
-            and self.seen == _cache_state()
-        )
+    def _record_probe_failure(self, failure: BackendError) -> None:
+        self.failures_in_a_row += 1
+        # A failure alone, even of a first warm-up, may be a one-off: only failing again and
+        # again, or still failing once open, fails cases at once.
+        if self.failure is not None or self.failures_in_a_row >= OPEN_AFTER:
+            self._open(failure)
+        else:
+            self._move(State.SUSPECT)
+        self._probed.notify_all()
+
+    def _record_probe_success(self, cache: tuple[object, ...]) -> None:
+        if self.failure is not None:
+            logger.warning(
+                "verl-hyperlight: %s starts again; the gate was open %.0f s, %d cases were "
+                "answered SandboxError at once meanwhile",
+                self.guest.image.label,
+                time.monotonic() - self.opened_at,
+                self.answered_at_once,
+            )
+        self._move(State.CLOSED)
+        self.seen, self.failure = cache, None
+        self.failures_in_a_row = 0
+        self._probed.notify_all()
 
     def _open(self, failure: BackendError) -> None:
         now = time.monotonic()
@@ -181,16 +292,30 @@ class Gate:
         else:
             self.back_off = min(2 * self.back_off, BACK_OFF_MAX_SECONDS)
         failure.announced = True
+        self._move(State.OPEN)
         self.failure, self.retry_at = failure, now + self.back_off
 
+    def _move(self, state: State) -> None:
+        """Every transition (under the lock), said at DEBUG: rare, but the story of a stall."""
+        logger.debug(
+            "verl-hyperlight: %s's gate: %s -> %s (%d failures to start in a row)",
+            self.guest.image.label,
+            self.state.value,
+            state.value,
+            self.failures_in_a_row,
+        )
+        self.state = state
+
     def _answer_at_once(self) -> FailingFast:
-        self.answered_at_once += 1
-        assert self.failure is not None
+        failure = self.failure
+        # Set with OPEN and cleared with CLOSED, under the lock this is called under; _admit
+        # answers at once only while OPEN or HALF_OPEN.
+        assert failure is not None
         return FailingFast(
-            f"{self.failure} (answered at once: hluk failed to start {self.guest.image.label} "
+            f"{failure} (answered at once: hluk failed to start {self.guest.image.label} "
             f"{_times(self.failures_in_a_row)}; a case tries it again within "
             f"{self.back_off:.0f} s)",
-            self.failure.cause,
+            failure.cause,
         )
 
 
@@ -199,7 +324,7 @@ def _times(count: int) -> str:
 
 
 # The one piece of global state: a gate per guest, keyed by the guest's identity. Guarded by
-# _registry_lock; each gate's probe by its own lock, so cases waiting for one guest's probe do
+# _registry_lock; each gate's state by its own lock, so cases waiting for one guest's probe do
 # not block another's.
 _registry: dict[tuple[object, ...], Gate] = {}
 _registry_lock = threading.Lock()
@@ -246,7 +371,8 @@ def gate(path: str, guest: Guest) -> Gate:
 
 
 def ensure_ready(path: str, guest: Guest, startup_timeout: float | None = None) -> Warmth | None:
-    """Return once `guest` is warm on this node (see Gate.ensure_ready)."""
+    """Return once `guest` is warm on this node (see Gate.ensure_ready): a readiness check,
+    never counted as a case."""
     return gate(path, guest).ensure_ready(startup_timeout)
 
 
@@ -278,7 +404,7 @@ def _cache_unusable(exc: OSError) -> BackendError:
 
 def _probe(path: str, guest: Guest, startup_timeout: float) -> _hluk.RawOutcome:
     nonce = secrets.token_hex(16)
-    argv = [path, "--log-level", "info", "run", *guest.args(), "--exec", probe_code(nonce)]
+    argv = hluk_argv(path, guest, probe_code(nonce), log_level="info")
     return _hluk.run(argv, nonce, PROBE_RUN_TIMEOUT_SECONDS, startup_timeout)
 
 
