@@ -6,6 +6,7 @@ metrics and the access log."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -534,3 +535,159 @@ def test_host_fixture_is_what_the_server_runs(host: Host, serve: Serve) -> None:
     served.post(body("print(1)"))
     assert host.case_runs()  # the server's cases ran on the test's stand-in
     assert os.environ["HLUK_CACHE_DIR"] == str(host.cache)
+
+
+# ---------------------------------------------------------------------------------------------
+# the server in this process, driven as uvicorn drives it (no socket)
+
+Answer = tuple[int, dict[bytes, bytes], bytes]
+
+
+async def asgi(
+    app: Any, path: str, payload: bytes = b"", headers: Any = (), method: str = "POST"
+) -> Answer:
+    """One request to an ASGI application: its status, headers (but X-Request-ID) and body. An
+    application that raises before answering gets uvicorn's answer, 500 Internal Server Error."""
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8080),
+    }
+    try:
+        await app(scope, receive, send)
+    except Exception:
+        if not sent:
+            return 500, {}, b"Internal Server Error"
+    start = sent[0]
+    body_bytes = b"".join(m.get("body", b"") for m in sent[1:])
+    kept = {k: v for k, v in start["headers"] if k != b"x-request-id"}
+    return start["status"], kept, body_bytes
+
+
+def fastapi_route() -> Any:
+    """/run_code as the service declares it, and as serve declared it before it read requests
+    itself: a FastAPI route taking the request model."""
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse
+
+    from verl_hyperlight._request import RunCodeRequest
+
+    app = FastAPI()
+
+    async def run_code(body: RunCodeRequest) -> PlainTextResponse:
+        return PlainTextResponse(repr(body.model_dump()))  # NaN and lone surrogates included
+
+    run_code.__annotations__["body"] = RunCodeRequest  # the class, not this module's string
+    app.post("/run_code")(run_code)
+    return app
+
+
+JSON = [("content-type", "application/json")]
+BAD_REQUESTS: list[tuple[bytes, Any]] = [
+    (b"not json", JSON),
+    (b"", JSON),
+    (b"", []),
+    (b"[1, 2]", JSON),
+    (b"null", JSON),
+    (b'"code"', JSON),
+    (b"{", JSON),
+    (b'{"code": "x",}', JSON),
+    (b'{"code": "x"} trailing', JSON),
+    (b'{"language": "python"}', JSON),
+    (b'{"code": 123}', JSON),
+    (b'{"code": null}', JSON),
+    (b'{"code": ["x"]}', JSON),
+    (b'{"code": "x", "language": "cobol"}', JSON),
+    (b'{"code": "x", "language": "\xc3\xbc"}', JSON),
+    (b'{"code": "x", "language": null}', JSON),
+    (b'{"code": "x", "run_timeout": "abc"}', JSON),
+    (b'{"code": "x", "run_timeout": null}', JSON),
+    (b'{"code": "x", "compile_timeout": [1]}', JSON),
+    (b'{"code": "x", "memory_limit_MB": 1.5}', JSON),
+    (b'{"code": "x", "memory_limit_MB": "12a"}', JSON),
+    (b'{"code": "x", "memory_limit_MB": 1e400}', JSON),
+    (b'{"code": "x", "memory_limit_MB": NaN}', JSON),
+    (b'{"code": "x", "stdin": 5}', JSON),
+    (b'{"code": "x", "files": {"a": 1}}', JSON),
+    (b'{"code": "x", "files": []}', JSON),
+    (b'{"code": "x", "fetch_files": "a"}', JSON),
+    (b'{"code": "x", "fetch_files": [1, null]}', JSON),
+    (b'{"code": 1, "language": 2, "run_timeout": [], "files": 3}', JSON),
+    (b'{"code": NaN}', JSON),  # the error's input cannot be rendered: FastAPI's 500
+    (b'{"code": "\xff"}', JSON),  # not UTF-8: FastAPI's 400
+    (b"[" * 100_000, JSON),  # nested past the recursion limit: 400
+    (b'{"code": "x"}', []),  # no content type: validated as bytes
+    (b'{"code": "x"}', [("content-type", "text/plain")]),
+    (b'{"code": "x"}', [("content-type", "application/x-www-form-urlencoded")]),
+    (b'{"code": "\xff"}', [("content-type", "text/plain")]),
+    (b'{"code": 1}', [("content-type", "application/json; charset=utf-8")]),
+    (b'{"code": 1}', [("content-type", "APPLICATION/JSON")]),
+    (b'{"code": 1}', [("content-type", "application/vnd.api+json")]),
+    (b'{"code": 1}', [("content-type", "application/jsonx")]),
+    ('{"code": 1}'.encode("utf-16"), JSON),
+]
+GOOD_REQUESTS: list[tuple[bytes, Any]] = [
+    (b'{"code": "x"}', JSON),
+    (b'{"code": "x", "code": "y", "unknown": [1, {}]}', JSON),
+    (b'{"code": "x", "run_timeout": "5", "compile_timeout": true, "memory_limit_MB": 2.0}', JSON),
+    (b'{"code": "x", "run_timeout": NaN, "compile_timeout": -Infinity}', JSON),
+    (b'{"code": "\\ud800", "stdin": "\\u0000", "language": "cpp"}', JSON),
+    (b'{"code": "x", "files": {"a": null, "b": "QQ=="}, "fetch_files": ["a"]}', JSON),
+    (b'{"code": "x", "memory_limit_MB": 10000000000000000000000}', JSON),
+    ('{"code": "\u00e9"}'.encode("utf-16"), JSON),
+    (b'{"code": "x"}', [("content-type", "application/json; charset=latin-1")]),
+]
+
+
+def test_bad_requests_get_fastapis_answers_byte_for_byte() -> None:
+    from verl_hyperlight import serve
+
+    ours, theirs = serve.create_app(serve.Settings()), fastapi_route()
+
+    async def both() -> list[tuple[Answer, Answer]]:
+        return [
+            (await asgi(ours, "/run_code", payload, h), await asgi(theirs, "/run_code", payload, h))
+            for payload, h in BAD_REQUESTS
+        ]
+
+    for (payload, _), (mine, fastapis) in zip(BAD_REQUESTS, asyncio.run(both()), strict=True):
+        assert mine == fastapis, payload[:60]
+        assert mine[0] in (400, 422, 500), payload[:60]
+
+
+def test_good_requests_are_read_as_fastapi_reads_them() -> None:
+    from verl_hyperlight._request import RunCodeRequest, parse
+
+    theirs = fastapi_route()
+
+    async def answers() -> list[Answer]:
+        return [await asgi(theirs, "/run_code", payload, h) for payload, h in GOOD_REQUESTS]
+
+    for (payload, h), fastapis in zip(GOOD_REQUESTS, asyncio.run(answers()), strict=True):
+        request = parse(payload, dict((k.encode(), v.encode()) for k, v in h).get(b"content-type"))
+        assert isinstance(request, RunCodeRequest), payload
+        assert fastapis[0] == 200
+        assert repr(request.model_dump()).encode("utf-8", "surrogatepass") == fastapis[2]

@@ -21,6 +21,7 @@ from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ValidationError
 
 from ._api import SandboxFusionLanguage
+from ._middleware import render_json
 
 
 class RunCodeRequest(BaseModel):
@@ -39,13 +40,17 @@ class RunCodeRequest(BaseModel):
 
 @dataclass(frozen=True)
 class Invalid:
-    """A request answered without running: FastAPI's status and JSON content for it."""
+    """A request answered without running: FastAPI's status and body for it."""
 
     status: int
-    content: Any
+    body: bytes
+    content_type: bytes = b"application/json"
 
 
-_NOT_TEXT = Invalid(400, {"detail": "There was an error parsing the body"})
+# FastAPI's answer when rendering its own 422 fails (an input that JSON cannot carry, such as
+# NaN): Starlette's 500.
+_UNRENDERABLE = Invalid(500, b"Internal Server Error", b"text/plain; charset=utf-8")
+_UNPARSABLE = Invalid(400, render_json({"detail": "There was an error parsing the body"}))
 
 
 def parse(body: bytes, content_type: bytes | None) -> RunCodeRequest | Invalid:
@@ -67,8 +72,8 @@ def parse(body: bytes, content_type: bytes | None) -> RunCodeRequest | Invalid:
                 "ctx": {"error": exc.msg},
             }
             return _invalid([error])
-        except ValueError:  # not UTF-8, -16 or -32 text
-            return _NOT_TEXT
+        except Exception:  # not UTF-8, -16 or -32 text, nested too deep: FastAPI's 400
+            return _UNPARSABLE
     try:
         return RunCodeRequest.model_validate(value, from_attributes=True)
     except ValidationError as exc:
@@ -88,4 +93,7 @@ def _says_json(content_type: str) -> bool:
 
 
 def _invalid(errors: list[dict[str, Any]]) -> Invalid:
-    return Invalid(422, {"detail": jsonable_encoder(errors)})
+    try:
+        return Invalid(422, render_json({"detail": jsonable_encoder(errors)}))
+    except ValueError:
+        return _UNRENDERABLE

@@ -60,6 +60,7 @@ from ._middleware import (
     RequestLog,
     Scope,
     Send,
+    answer,
     answer_json,
     header,
 )
@@ -433,7 +434,7 @@ async def _run_code(scope: Scope, receive: Receive, send: Send) -> None:
     request = await server.parse(body, header(scope, b"content-type"))
     del body  # the request holds the content from here: one copy while it waits
     if isinstance(request, Invalid):
-        await answer_json(send, request.status, request.content)
+        await answer(send, request.status, request.body, content_type=request.content_type)
         return
     refused = server.over_cap(request)
     if refused is None:
