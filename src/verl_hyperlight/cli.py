@@ -209,6 +209,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if (
+        args.command == "serve"
+        and (args.max_memory_mb or args.memory_limit_mb) < args.memory_limit_mb
+    ):
+        parser.error(f"--max-memory-mb is below --memory-limit-mb ({args.memory_limit_mb})")
     if args.command == "warm-up":
         try:
             guest = guest_for(args.url, args.memory_limit_mb)
@@ -358,13 +363,6 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if args.max_memory_mb is not None and args.max_memory_mb < args.memory_limit_mb:
-        print(
-            f"verl-hyperlight: --max-memory-mb {args.max_memory_mb} is below the warm-up's "
-            f"--memory-limit-mb {args.memory_limit_mb}",
-            file=sys.stderr,
-        )
-        return 2
     defaults = serve.Settings()
     settings = serve.Settings(
         url=args.url,
