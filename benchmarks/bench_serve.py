@@ -196,10 +196,11 @@ def main() -> None:
                     f"throughput ratio {rates[name] / rates['run_code']:.2f}"
                 )
             if "baseline" in servers:
+                own = {name: cpu[name] - cpu["run_code"] for name in servers}
                 print(
                     f"  c={level:<3} serve / baseline: {added['serve'] / added['baseline']:.2f} "
-                    f"of the time added at p50, {cpu['serve'] / cpu['baseline']:.2f} of the "
-                    "server's CPU time"
+                    f"of the time added at p50, {own['serve'] / own['baseline']:.2f} of the CPU "
+                    "time added"
                 )
         for client in clients.values():
             client.close()
