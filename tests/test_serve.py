@@ -808,6 +808,8 @@ def test_a_flooded_queue_is_refused_before_the_bodies_are_read(serve: Serve) -> 
         thread.join()
         assert answer[0].json()["run_result"]["stdout"] == "held\n"
     assert metric(served, 'verl_hyperlight_cases_total{status="rejected"}') == 300
+    assert metric(served, "verl_hyperlight_cases_queued") == 0
+    assert metric(served, "verl_hyperlight_cases_in_flight") == 0
 
 
 def test_readyz_is_answered_while_a_large_body_is_parsed(

@@ -75,8 +75,9 @@ RUN_CODE = "/run_code"
 WAIT_MARGIN_SECONDS = 5.0
 RETRY_AFTER_SECONDS = 1
 READINESS_WAIT_SECONDS = 2.0
-# Parsing a body holds the event loop for about 5 ms per MiB: past this size it is parsed in a
-# thread, so the loop answers /readyz and watches disconnects between the parse's steps.
+# Parsing a body takes 5 to 10 ms per MiB: past this size it is parsed in a thread, so the loop
+# answers /readyz and watches disconnects between the parse's steps (each step, such as one
+# long string's decode, still holds the interpreter while it runs).
 PARSE_ON_LOOP_BYTES = 64 * 1024
 # How long a stopping server waits for its cancelled cases' micro-VMs to be killed.
 STOP_SECONDS = 10.0
