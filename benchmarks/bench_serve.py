@@ -9,8 +9,17 @@ case at p50 as a difference and a ratio. The server is started with --max-concur
 admission never waits here) and its access log at WARNING (as an operator may, to spare the
 disk; the line costs about as much as the rest).
 
-Usage: python benchmarks/bench_serve.py [--cases N] [--standin] (--standin: the stand-in hluk
-instead of the double, whose ~0.2 s per run hides the server's cost)
+The CPU time per case is that of the process running run_code (this one, or the server):
+unlike wall time on a busy machine, what the server adds there does not depend on the load.
+
+With --baseline SRC (another checkout's src directory, e.g. made by `git worktree add
+/tmp/serve-base <commit>`), a second server runs that checkout's serve, measured in the same
+run, so before and after are compared on the same machine at the same moment: it prints what
+each adds and the ratio of the two.
+
+Usage: python benchmarks/bench_serve.py [--cases N] [--standin] [--baseline SRC]
+(--standin: the stand-in hluk instead of the double, whose ~0.2 s per run hides the server's
+cost)
 """
 
 from __future__ import annotations
@@ -85,16 +94,21 @@ def p(latencies: list[float], q: int) -> float:
 
 
 def start_server(
-    scratch: Path, options: tuple[str, ...] = ("--max-concurrent", "32")
+    scratch: Path, src: Path | None = None, options: tuple[str, ...] = ("--max-concurrent", "32")
 ) -> tuple[subprocess.Popen[bytes], str]:
+    """A server of this checkout, or of the one whose src directory is `src`, with `options`."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    log = (scratch / "serve.log").open("wb")
+    log = (scratch / f"serve-{port}.log").open("wb")
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
     process = subprocess.Popen(
         [sys.executable, "-c", SERVER, "--port", str(port), *options],
         stdout=log,
         stderr=subprocess.STDOUT,
+        env=env,
     )
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -104,15 +118,28 @@ def start_server(
         except httpx.TransportError:
             pass
         time.sleep(0.1)
-    raise SystemExit(f"the server did not become ready:\n{(scratch / 'serve.log').read_text()}")
+    raise SystemExit(f"the server did not become ready:\n{log.name}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def report(level: int, name: str, rate: float, latencies: list[float], cpu: str = "") -> None:
+    print(f"  c={level:<3} {name:9}{rate:8.1f}{p(latencies, 50):9.2f}{p(latencies, 99):9.2f}{cpu}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=400, help="cases per measurement")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds each measurement is cut in")
     parser.add_argument("--standin", action="store_true", help="the stand-in, not the double")
+    parser.add_argument("--baseline", type=Path, help="another checkout's src, served beside")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="verl-hyperlight-bench-"))
+    servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     try:
         if args.standin:
             backend = use_standin_unless_configured(scratch)
@@ -122,33 +149,67 @@ def main() -> None:
             backend = "an instant hluk double (no guest: orchestration alone)"
         print(f"backend: {backend}; {os.cpu_count()} CPUs; {args.cases} cases per figure")
         in_process()  # the warm-up, outside the measurements
-        process, base = start_server(scratch)
-        try:
-            with httpx.Client(base_url=base, timeout=60, limits=httpx.Limits(
-                max_connections=64, max_keepalive_connections=64
-            )) as client:  # fmt: skip
-                http = over_http(client)
-                http()
-                print(f"\n{'':14}{'cases/s':>9}{'p50 ms':>9}{'p99 ms':>9}")
-                for level in LEVELS:
-                    ours_rate, ours = measure(in_process, level, args.cases)
-                    http_rate, served = measure(http, level, args.cases)
-                    for name, rate, latencies in (("run_code", ours_rate, ours),
-                                                  ("serve", http_rate, served)):  # fmt: skip
-                        print(
-                            f"  c={level:<3} {name:9}{rate:8.1f}{p(latencies, 50):9.2f}"
-                            f"{p(latencies, 99):9.2f}"
-                        )
-                    added = p(served, 50) - p(ours, 50)
-                    print(
-                        f"  c={level:<3} serve adds {added:+.2f} ms per case at p50 "
-                        f"(ratio {p(served, 50) / p(ours, 50):.2f}); throughput ratio "
-                        f"{http_rate / ours_rate:.2f}"
-                    )
-        finally:
+        servers["serve"] = start_server(scratch, None)
+        if args.baseline is not None:
+            servers["baseline"] = start_server(scratch, args.baseline)
+            print(f"baseline: the serve of {args.baseline}")
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        clients = {name: httpx.Client(base_url=base, timeout=60, limits=limits)
+                   for name, (_, base) in servers.items()}  # fmt: skip
+        tasks = {"run_code": in_process} | {
+            name: over_http(client) for name, client in clients.items()
+        }
+        for task in tasks.values():
+            task()
+        print(f"\n{'':14}{'cases/s':>9}{'p50 ms':>9}{'p99 ms':>9}  CPU ms per case")
+        for level in LEVELS:
+            # The measurements take turns, round by round, so that the machine's load drifts
+            # across all of them alike.
+            seconds = dict.fromkeys(tasks, 0.0)
+            latencies: dict[str, list[float]] = {name: [] for name in tasks}
+            cpu = dict.fromkeys(tasks, 0.0)
+            for _ in range(args.rounds):
+                for name, task in tasks.items():
+                    pid = servers[name][0].pid if name in servers else os.getpid()
+                    before, started = cpu_seconds(pid), time.perf_counter()
+                    _, measured = measure(task, level, args.cases // args.rounds)
+                    seconds[name] += time.perf_counter() - started
+                    latencies[name] += measured
+                    cpu[name] += cpu_seconds(pid) - before
+            cases = args.rounds * (args.cases // args.rounds)
+            rates = {name: cases / seconds[name] for name in tasks}
+            ours = latencies["run_code"]
+            report(
+                level,
+                "run_code",
+                rates["run_code"],
+                ours,
+                f"{cpu['run_code'] / cases * 1000:13.2f}",
+            )
+            added = {}
+            for name in servers:
+                per_case = f"{cpu[name] / cases * 1000:13.2f}"
+                report(level, name, rates[name], latencies[name], per_case)
+                added[name] = p(latencies[name], 50) - p(ours, 50)
+                print(
+                    f"  c={level:<3} {name} adds {added[name]:+.2f} ms per case at p50 "
+                    f"(ratio {p(latencies[name], 50) / p(ours, 50):.2f}), "
+                    f"{(cpu[name] - cpu['run_code']) / cases * 1000:+.2f} ms of CPU; "
+                    f"throughput ratio {rates[name] / rates['run_code']:.2f}"
+                )
+            if "baseline" in servers:
+                own = {name: cpu[name] - cpu["run_code"] for name in servers}
+                print(
+                    f"  c={level:<3} serve / baseline: {added['serve'] / added['baseline']:.2f} "
+                    f"of the time added at p50, {own['serve'] / own['baseline']:.2f} of the CPU "
+                    "time added"
+                )
+        for client in clients.values():
+            client.close()
+    finally:
+        for process, _ in servers.values():
             process.send_signal(signal.SIGTERM)
             process.wait(60)
-    finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 

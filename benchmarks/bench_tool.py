@@ -115,7 +115,9 @@ def with_backend(environment: dict[str, str], body: Callable[[str], None], scrat
     os.environ.update(environment)
     try:
         # As many micro-VMs as the most concurrent calls, each call's wait within its timeout.
-        process, base = start_server(scratch, ("--max-concurrent", "64", "--max-wait", "60"))
+        process, base = start_server(
+            scratch, options=("--max-concurrent", "64", "--max-wait", "60")
+        )
         try:
             body(base)
         finally:

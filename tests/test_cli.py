@@ -109,3 +109,29 @@ def test_no_user_facing_text_holds_a_placeholder() -> None:
         text = path.read_text()
         assert "<hyperlight-unikraft>" not in text, path
         assert "registry.example" not in text, path
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--grace", "-1"],
+        ["--max-wait", "-0.5"],
+        ["--max-wait", "nan"],
+        ["--max-run-timeout", "0"],
+        ["--max-memory-mb", "0"],
+        ["--max-memory-mb", "512"],  # below the warm-up's 1024
+    ],
+)
+def test_serve_refuses_options_it_cannot_honour(
+    option: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_hyperlight import serve
+
+    def started(*args: object) -> None:
+        raise AssertionError(f"serve started with {option}")
+
+    monkeypatch.setattr(serve, "serve", started)
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", *option])
+    assert exited.value.code == 2
+    assert option[0] in capsys.readouterr().err

@@ -6,7 +6,9 @@ metrics and the access log."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -534,3 +536,371 @@ def test_host_fixture_is_what_the_server_runs(host: Host, serve: Serve) -> None:
     served.post(body("print(1)"))
     assert host.case_runs()  # the server's cases ran on the test's stand-in
     assert os.environ["HLUK_CACHE_DIR"] == str(host.cache)
+
+
+# ---------------------------------------------------------------------------------------------
+# the server in this process, driven as uvicorn drives it (no socket)
+
+Answer = tuple[int, dict[bytes, bytes], bytes]
+
+
+async def asgi(
+    app: Any, path: str, payload: bytes = b"", headers: Any = (), method: str = "POST"
+) -> Answer:
+    """One request to an ASGI application: its status, headers (but X-Request-ID) and body. An
+    application that raises before answering gets uvicorn's answer, 500 Internal Server Error."""
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8080),
+    }
+    try:
+        await app(scope, receive, send)
+    except Exception:
+        if not sent:
+            return 500, {}, b"Internal Server Error"
+    start = sent[0]
+    body_bytes = b"".join(m.get("body", b"") for m in sent[1:])
+    kept = {k: v for k, v in start["headers"] if k != b"x-request-id"}
+    return start["status"], kept, body_bytes
+
+
+async def started(app: Any) -> Callable[[], Awaitable[None]]:
+    """Run the application's lifespan startup, as uvicorn does; its shutdown, to call."""
+    inbox: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    lifespan = asyncio.ensure_future(
+        app({"type": "lifespan", "asgi": {"version": "3.0"}}, inbox.get, outbox.put)
+    )
+    await inbox.put({"type": "lifespan.startup"})
+    assert (await outbox.get())["type"] == "lifespan.startup.complete"
+
+    async def stop() -> None:
+        await inbox.put({"type": "lifespan.shutdown"})
+        assert (await outbox.get())["type"] == "lifespan.shutdown.complete"
+        await lifespan
+
+    return stop
+
+
+def fastapi_route() -> Any:
+    """/run_code as the service declares it, and as serve declared it before it read requests
+    itself: a FastAPI route taking the request model."""
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse
+
+    from verl_hyperlight._request import RunCodeRequest
+
+    app = FastAPI()
+
+    async def run_code(body: RunCodeRequest) -> PlainTextResponse:
+        return PlainTextResponse(repr(body.model_dump()))  # NaN and lone surrogates included
+
+    run_code.__annotations__["body"] = RunCodeRequest  # the class, not this module's string
+    app.post("/run_code")(run_code)
+    return app
+
+
+JSON = [("content-type", "application/json")]
+BAD_REQUESTS: list[tuple[bytes, Any]] = [
+    (b"not json", JSON),
+    (b"", JSON),
+    (b"", []),
+    (b"[1, 2]", JSON),
+    (b"null", JSON),
+    (b'"code"', JSON),
+    (b"{", JSON),
+    (b'{"code": "x",}', JSON),
+    (b'{"code": "x"} trailing', JSON),
+    (b'{"language": "python"}', JSON),
+    (b'{"code": 123}', JSON),
+    (b'{"code": null}', JSON),
+    (b'{"code": ["x"]}', JSON),
+    (b'{"code": "x", "language": "cobol"}', JSON),
+    (b'{"code": "x", "language": "\xc3\xbc"}', JSON),
+    (b'{"code": "x", "language": null}', JSON),
+    (b'{"code": "x", "run_timeout": "abc"}', JSON),
+    (b'{"code": "x", "run_timeout": null}', JSON),
+    (b'{"code": "x", "compile_timeout": [1]}', JSON),
+    (b'{"code": "x", "memory_limit_MB": 1.5}', JSON),
+    (b'{"code": "x", "memory_limit_MB": "12a"}', JSON),
+    (b'{"code": "x", "memory_limit_MB": 1e400}', JSON),
+    (b'{"code": "x", "memory_limit_MB": NaN}', JSON),
+    (b'{"code": "x", "stdin": 5}', JSON),
+    (b'{"code": "x", "files": {"a": 1}}', JSON),
+    (b'{"code": "x", "files": []}', JSON),
+    (b'{"code": "x", "fetch_files": "a"}', JSON),
+    (b'{"code": "x", "fetch_files": [1, null]}', JSON),
+    (b'{"code": 1, "language": 2, "run_timeout": [], "files": 3}', JSON),
+    (b'{"code": NaN}', JSON),  # the error's input cannot be rendered: FastAPI's 500
+    (b'{"code": "\xff"}', JSON),  # not UTF-8: FastAPI's 400
+    (b"[" * 100_000, JSON),  # nested past the recursion limit: 400
+    (b'{"code": "x"}', []),  # no content type: validated as bytes
+    (b'{"code": "x"}', [("content-type", "text/plain")]),
+    (b'{"code": "x"}', [("content-type", "application/x-www-form-urlencoded")]),
+    (b'{"code": "\xff"}', [("content-type", "text/plain")]),
+    (b'{"code": 1}', [("content-type", "application/json; charset=utf-8")]),
+    (b'{"code": 1}', [("content-type", "APPLICATION/JSON")]),
+    (b'{"code": 1}', [("content-type", "application/vnd.api+json")]),
+    (b'{"code": 1}', [("content-type", "application/jsonx")]),
+    ('{"code": 1}'.encode("utf-16"), JSON),
+]
+GOOD_REQUESTS: list[tuple[bytes, Any]] = [
+    (b'{"code": "x"}', JSON),
+    (b'{"code": "x", "code": "y", "unknown": [1, {}]}', JSON),
+    (b'{"code": "x", "run_timeout": "5", "compile_timeout": true, "memory_limit_MB": 2.0}', JSON),
+    (b'{"code": "x", "run_timeout": NaN, "compile_timeout": -Infinity}', JSON),
+    (b'{"code": "\\ud800", "stdin": "\\u0000", "language": "cpp"}', JSON),
+    (b'{"code": "x", "files": {"a": null, "b": "QQ=="}, "fetch_files": ["a"]}', JSON),
+    (b'{"code": "x", "memory_limit_MB": 10000000000000000000000}', JSON),
+    ('{"code": "\u00e9"}'.encode("utf-16"), JSON),
+    (b'{"code": "x"}', [("content-type", "application/json; charset=latin-1")]),
+]
+
+
+def test_bad_requests_get_fastapis_answers_byte_for_byte() -> None:
+    from verl_hyperlight import serve
+
+    ours, theirs = serve.create_app(serve.Settings()), fastapi_route()
+
+    async def both() -> list[tuple[Answer, Answer]]:
+        return [
+            (await asgi(ours, "/run_code", payload, h), await asgi(theirs, "/run_code", payload, h))
+            for payload, h in BAD_REQUESTS
+        ]
+
+    for (payload, _), (mine, fastapis) in zip(BAD_REQUESTS, asyncio.run(both()), strict=True):
+        assert mine == fastapis, payload[:60]
+        assert mine[0] in (400, 422, 500), payload[:60]
+
+
+def test_good_requests_are_read_as_fastapi_reads_them() -> None:
+    from verl_hyperlight._request import RunCodeRequest, parse
+
+    theirs = fastapi_route()
+
+    async def answers() -> list[Answer]:
+        return [await asgi(theirs, "/run_code", payload, h) for payload, h in GOOD_REQUESTS]
+
+    for (payload, h), fastapis in zip(GOOD_REQUESTS, asyncio.run(answers()), strict=True):
+        request = parse(payload, dict((k.encode(), v.encode()) for k, v in h).get(b"content-type"))
+        assert isinstance(request, RunCodeRequest), payload
+        assert fastapis[0] == 200
+        assert repr(request.model_dump()).encode("utf-8", "surrogatepass") == fastapis[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# the server's own limits (issue 17)
+
+
+def test_requests_past_the_servers_caps_are_sandbox_errors_naming_the_option(
+    serve: Serve, host: Host
+) -> None:
+    served = serve("--max-memory-mb", "2048", "--max-run-timeout", "60")
+    runs = len(host.case_runs())
+    huge = served.post(body("print(1)", memory_limit_MB=10_000_000))
+    day = served.post(body("print(1)", run_timeout=86_400))
+    for reply, cap, option in (
+        (huge, "2048 MiB", "--max-memory-mb"),
+        (day, "60 s", "--max-run-timeout"),
+    ):
+        # Valid for the service, so HTTP 200 with a SandboxError, as the service answers a run
+        # it cannot make.
+        assert reply.status_code == 200
+        assert (reply.json()["status"], reply.json()["run_result"]) == ("SandboxError", None)
+        assert f"cap of {cap} (verl-hyperlight serve {option})" in reply.json()["message"]
+    assert len(host.case_runs()) == runs  # neither reached hluk
+    assert served.post(body("print(1)", run_timeout=60)).json()["status"] == "Success"
+
+
+@pytest.mark.parametrize(
+    ("args", "fields"),
+    [(("--max-wait", "0"), {}), ((), {"compile_timeout": -10}), ((), {"compile_timeout": -5})],
+)
+def test_a_free_micro_vm_is_taken_at_once_whatever_the_wait(
+    serve: Serve, args: tuple[str, ...], fields: dict[str, Any]
+) -> None:
+    served = serve(*args)
+    reply = served.post(body("print('ran')", **fields))
+    assert (reply.status_code, reply.json()["status"]) == (200, "Success")
+
+
+def server_peak_rss_kib(served: Served) -> int:
+    for line in Path(f"/proc/{served.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_a_flooded_queue_is_refused_before_the_bodies_are_read(serve: Serve) -> None:
+    import selectors
+    import socket
+
+    served = serve(
+        "--max-concurrent", "1", "--max-queue", "2", "--max-wait", "60", "--max-body-mb", "16"
+    )
+    slow = body("import time\ntime.sleep(3)\nprint('held')")
+    held = [post_in_background(served, slow) for _ in range(3)]  # one runs, two wait
+    assert wait_for(lambda: metric(served, "verl_hyperlight_cases_queued") == 2)
+    before = server_peak_rss_kib(served)
+    # 300 clients each announce an 8 MiB body and send its first 16 KiB: 2.4 GiB announced.
+    declared = 8 * 1024 * 1024
+    head = (
+        (
+            f"POST /run_code HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"content-length: {declared}\r\n\r\n"
+        ).encode()
+        + b'{"code": "'
+        + b"x" * (16 * 1024)
+    )
+    port = int(served.base.rsplit(":", 1)[1])
+    answers: dict[socket.socket, bytes] = {}
+    with selectors.DefaultSelector() as selector:
+        for _ in range(300):
+            client = socket.create_connection(("127.0.0.1", port))
+            client.sendall(head)
+            client.setblocking(False)
+            selector.register(client, selectors.EVENT_READ)
+            answers[client] = b""
+        deadline = time.monotonic() + 60
+        pending = set(answers)
+        while pending and time.monotonic() < deadline:
+            for key, _ in selector.select(timeout=1):
+                client = key.fileobj
+                assert isinstance(client, socket.socket)
+                chunk = client.recv(65536)
+                answers[client] += chunk
+                if not chunk or b"queue is full" in answers[client]:
+                    pending.discard(client)
+                    selector.unregister(client)
+    for client in answers:
+        client.close()
+    replies = list(answers.values())
+    assert not pending, f"{len(pending)} of 300 got no answer with their bodies unsent"
+    assert all(reply.startswith(b"HTTP/1.1 504 ") for reply in replies), replies[0][:200]
+    assert all(b"verl-hyperlight is busy: the queue is full" in reply for reply in replies)
+    # The server's peak memory grew by far less than one announced body.
+    assert server_peak_rss_kib(served) - before < declared // 1024
+    for thread, answer in held:
+        thread.join()
+        assert answer[0].json()["run_result"]["stdout"] == "held\n"
+    assert metric(served, 'verl_hyperlight_cases_total{status="rejected"}') == 300
+    assert metric(served, "verl_hyperlight_cases_queued") == 0
+    assert metric(served, "verl_hyperlight_cases_in_flight") == 0
+
+
+def test_readyz_is_answered_while_a_large_body_is_parsed(
+    hluk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verl_hyperlight import serve
+
+    parsing, answered = threading.Event(), threading.Event()
+    held: list[bool] = []
+    real = serve.parse
+
+    def slow_parse(payload: bytes, content_type: bytes | None) -> Any:
+        parsing.set()
+        # Holds until /readyz has been answered: never, if this held the event loop.
+        held.append(answered.wait(10))
+        return real(payload, content_type)
+
+    monkeypatch.setattr(serve, "parse", slow_parse)
+    app = serve.create_app(serve.Settings(max_run_timeout=1))
+    large = json.dumps(body("print(1)", stdin="y" * (4 * 1024 * 1024))).encode()
+
+    async def scenario() -> tuple[Answer, Answer]:
+        run = asyncio.ensure_future(asgi(app, "/run_code", large, JSON))
+        assert await asyncio.get_running_loop().run_in_executor(None, parsing.wait, 10)
+        ready = await asgi(app, "/readyz", method="GET")
+        answered.set()
+        return ready, await run
+
+    ready, run = asyncio.run(scenario())
+    assert held == [True]
+    assert ready[0] in (200, 503)
+    # run_timeout 10 is past this server's cap: answered without a case.
+    assert b"--max-run-timeout" in run[2]
+
+
+def test_a_cancelled_handler_cancels_its_case_and_stopping_waits_for_it(
+    hluk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verl_hyperlight import serve
+
+    monkeypatch.setenv("VERL_HYPERLIGHT_CASE_DIR", str(tmp_path))
+    app = serve.create_app(serve.Settings(max_concurrent=1))
+    marker = uuid.uuid4().hex
+    request = json.dumps(body(sleeper(marker, 60), run_timeout=60)).encode()
+
+    async def scenario() -> None:
+        stop = await started(app)
+        handler = asyncio.ensure_future(asgi(app, "/run_code", request, JSON))
+        deadline = time.monotonic() + 60
+        while not processes_with(marker):
+            assert time.monotonic() < deadline and not handler.done()
+            await asyncio.sleep(0.05)
+        handler.cancel()  # as uvicorn cancels a handler past its graceful-shutdown timeout
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        await stop()
+
+    asyncio.run(scenario())
+    # Stopping waited for the case's end: its micro-VM is gone, its case directory removed.
+    assert not processes_with(marker)
+    assert not list(tmp_path.glob("verl-hyperlight-*"))
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_sigint_during_a_warm_up_exits_without_waiting_for_it(
+    serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HLUK_STANDIN_HANG", "1")  # the warm-up's hluk hangs before its boot
+    served = serve(ready=False, env={"HLUK_CACHE_DIR": str(tmp_path / "cold-cache")})
+    assert wait_for(lambda: descendants(served.process.pid), limit=30)
+    probes = descendants(served.process.pid)
+    try:
+        assert served.stop(signal.SIGINT, timeout=30) in (0, -signal.SIGINT)
+    finally:
+        for pid in probes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert "Application shutdown complete" in served.logged()

@@ -135,17 +135,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--max-wait",
-        type=float,
+        type=_non_negative_float,
         default=5.0,
         help="seconds a request waits for a micro-VM before HTTP 504 (default 5; never more "
-        "than its compile_timeout + 5)",
+        "than its compile_timeout + 5; a free one is always taken, even with 0)",
     )
     serve.add_argument(
         "--max-body-mb", type=_positive_int, default=64, help="largest request body (64 MiB)"
     )
     serve.add_argument(
         "--grace",
-        type=float,
+        type=_non_negative_float,
         default=30.0,
         help="seconds in-flight cases get to finish on SIGTERM (default 30)",
     )
@@ -154,6 +154,20 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=1024,
         help="the memory limit whose guest is warmed up at start (verl's default, 1024)",
+    )
+    serve.add_argument(
+        "--max-memory-mb",
+        type=_positive_int,
+        default=None,
+        help="largest memory_limit_MB a request may ask for; past it, a SandboxError "
+        "(default: half this node's memory, at least --memory-limit-mb)",
+    )
+    serve.add_argument(
+        "--max-run-timeout",
+        type=_positive_float,
+        default=300.0,
+        help="largest run_timeout a request may ask for, in seconds; past it, a SandboxError "
+        "(default 300)",
     )
     return parser
 
@@ -172,6 +186,20 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN included
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds, 0 or more")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
     return value
 
 
@@ -199,6 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if (
+        args.command == "serve"
+        and (args.max_memory_mb or args.memory_limit_mb) < args.memory_limit_mb
+    ):
+        parser.error(f"--max-memory-mb is below --memory-limit-mb ({args.memory_limit_mb})")
     if args.command == "warm-up":
         try:
             guest = guest_for(args.url, args.memory_limit_mb)
@@ -381,6 +414,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_mb * 1024 * 1024,
         grace=args.grace,
         warm_up_memory_mb=args.memory_limit_mb,
+        max_memory_mb=args.max_memory_mb,
+        max_run_timeout=args.max_run_timeout,
         token=os.environ.get("VERL_HYPERLIGHT_TOKEN") or None,
     )
     serve.serve(settings, args.host, args.port)

@@ -1,12 +1,20 @@
 """`verl-hyperlight serve`: Sandbox Fusion's HTTP API, answered from micro-VMs.
 
-A thin layer over run_code, the one path a case takes: the request is validated as the
-service validates it (FastAPI and pydantic, so bad requests get the service's 422 bodies),
-admitted (at most `max_concurrent` micro-VMs at once, the rest waiting in order, each at most
-`max_wait` seconds, at most `max_queue` of them; past that HTTP 504 with Retry-After, which
-verl's client retries), run in a worker thread, and answered with run_code's response. A client
-that goes away, or a server that stops past its grace period, cancels its case: the micro-VM is
-killed and its case directory removed.
+A thin layer over run_code, the one path a case takes, built as a list of pure-ASGI
+middlewares, one concern each (`_middleware`: request id and access log, body limit, bearer
+token; here: admission), around two routes: POST /run_code, and a FastAPI application for
+the rest (/v1/ping, /readyz, /metrics, and FastAPI's 404 and 405 answers).
+
+A /run_code request takes a place in the queue before its body is read (none left: HTTP 504
+at once, its body unread); holding it, its body is read and validated as the service
+validates it (`_request`: FastAPI's 422 bodies), off the event loop when large; it then takes
+a free micro-VM at once, or waits for one (at most `max_wait` seconds, never longer than its
+compile_timeout + 5 s; past that HTTP 504 with Retry-After, which verl's client retries), runs
+in a worker thread, and is answered with run_code's response. A client that goes away, a
+server that stops past its grace period, or a handler cancelled by uvicorn cancels its case:
+the micro-VM is killed and its case directory removed, and the case keeps its place until
+then, so the server never runs more than `max_concurrent` micro-VMs and stops only once they
+have ended.
 
 Needs the `serve` extra (FastAPI, uvicorn, prometheus-client); the package itself, which verl
 imports in every process, never imports this module.
@@ -15,21 +23,21 @@ imports in every process, never imports this module.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ipaddress
 import logging
 import os
-import secrets
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -40,43 +48,46 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, Metric
-from pydantic import BaseModel
 
 from . import _api, _hluk, _warmup
-from ._api import SandboxFusionLanguage
 from ._errors import BackendError, InvalidRequest
 from ._guest import guest_for
+from ._middleware import (
+    ASGIApp,
+    BearerToken,
+    BodyLimit,
+    Receive,
+    RequestLog,
+    Scope,
+    Send,
+    answer,
+    answer_json,
+    header,
+)
+from ._request import Invalid, RunCodeRequest, parse
 from ._response import sandbox_error
 
 logger = logging.getLogger("verl_hyperlight.serve")
-access_log = logging.getLogger("verl_hyperlight.access")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
+RUN_CODE = "/run_code"
 # verl's client waits compile_timeout + run_timeout + 10 s for an answer: a request waits for a
 # micro-VM at most this much longer than its compile_timeout allows, so that its run still fits.
 WAIT_MARGIN_SECONDS = 5.0
 RETRY_AFTER_SECONDS = 1
 READINESS_WAIT_SECONDS = 2.0
-REQUEST_ID_HEADER = "x-request-id"
+# Parsing a body takes 5 to 10 ms per MiB: past this size it is parsed in a thread, so the loop
+# answers /readyz and watches disconnects between the parse's steps (each step, such as one
+# long string's decode, still holds the interpreter while it runs).
+PARSE_ON_LOOP_BYTES = 64 * 1024
+# How long a stopping server waits for its cancelled cases' micro-VMs to be killed.
+STOP_SECONDS = 10.0
+# uvicorn cancels the handlers still running this long after the grace period, a backstop:
+# by then the cases were cancelled and their clients answered.
+CANCEL_MARGIN_SECONDS = 10
 
 
-class RunCodeRequest(BaseModel):
-    """Sandbox Fusion's request; keys it does not know are ignored, as the service ignores
-    them. `language` may be left out: it is then Python (verl's agent-loop tool sends none)."""
-
-    compile_timeout: float = 10
-    run_timeout: float = 10
-    memory_limit_MB: int = -1
-    code: str
-    stdin: str | None = None
-    language: SandboxFusionLanguage = "python"  # an unknown one is a 422, as the service's
-    files: dict[str, str | None] = {}
-    fetch_files: list[str] = []
+def _node_memory_mb() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
 
 
 @dataclass(frozen=True)
@@ -90,11 +101,26 @@ class Settings:
     max_body_bytes: int = 64 * 1024 * 1024
     grace: float = 30.0
     warm_up_memory_mb: int = 1024
+    max_memory_mb: int | None = None  # None: half the node's memory, at least warm_up_memory_mb
+    max_run_timeout: float = 300.0
     token: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_wait", "grace"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+        if self.max_run_timeout <= 0 or self.memory_cap < self.warm_up_memory_mb:
+            raise ValueError("the caps must allow the warm-up's memory and a positive run")
 
     @property
     def queue_limit(self) -> int:
         return self.max_queue if self.max_queue is not None else 8 * self.max_concurrent
+
+    @property
+    def memory_cap(self) -> int:
+        if self.max_memory_mb is not None:
+            return self.max_memory_mb
+        return max(_node_memory_mb() // 2, self.warm_up_memory_mb)
 
 
 class _Metrics:
@@ -140,25 +166,76 @@ class _BackendFailures:
         yield family
 
 
+class _Place:
+    """A /run_code request's place, from its arrival (before its body is read) until it is
+    answered, or, once its case runs, until the case's thread has ended (whatever became of
+    the handler): the place, and the micro-VM once taken, are given back exactly once."""
+
+    def __init__(self, server: _Server) -> None:
+        self.server = server
+        self.waiting = True
+        self.slot = False
+        self.running = False
+        server.places += 1
+        server.metrics.queued.inc()
+
+    def _stop_waiting(self) -> None:
+        if self.waiting:
+            self.waiting = False
+            self.server.metrics.queued.dec()
+
+    async def take_slot(self, compile_timeout: float) -> str | None:
+        """Take a micro-VM: a free one at once, else wait in order; why not, if turned away."""
+        slots = self.server.slots
+        try:
+            if not slots.locked():
+                await slots.acquire()  # free: taken without yielding, whatever the wait
+            else:
+                wait = min(self.server.settings.max_wait, compile_timeout + WAIT_MARGIN_SECONDS)
+                if not wait > 0:  # wait_for(…, 0) would cancel the acquire before it ran
+                    return f"no micro-VM was free within {max(wait, 0.0):g} s"
+                try:
+                    await asyncio.wait_for(slots.acquire(), wait)
+                except asyncio.TimeoutError:
+                    return f"no micro-VM was free within {wait:g} s"
+            self.slot = True
+            return None
+        finally:
+            self._stop_waiting()
+
+    def leave(self) -> None:
+        """The handler is done; a running case keeps the place until its thread ends."""
+        if not self.running:
+            self.release()
+
+    def release(self) -> None:
+        self._stop_waiting()
+        if self.slot:
+            self.slot = False
+            self.server.slots.release()
+        self.server.places -= 1
+
+
 class _Server:
     """The server's state: admission, the cases in flight, readiness and metrics."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.memory_cap = settings.memory_cap
         self.metrics = _Metrics()
         self.slots = asyncio.Semaphore(settings.max_concurrent)
+        # Requests holding a place: being read, waiting for a micro-VM, or running.
+        self.places = 0
+        self.place_limit = settings.max_concurrent + settings.queue_limit
         self.executor = ThreadPoolExecutor(settings.max_concurrent, "verl-hyperlight-case")
-        self.checker = ThreadPoolExecutor(1, "verl-hyperlight-readiness")
-        self.waiting = 0
+        self.parser = ThreadPoolExecutor(1, "verl-hyperlight-parse")
         self.in_flight: set[threading.Event] = set()
         self.ready = False
         self.reason = "warming up"
         self.check: asyncio.Future[None] | None = None
         self.pod_name = os.environ.get("MY_POD_NAME")
 
-    def cancel_all(self) -> None:
-        for cancel in list(self.in_flight):
-            cancel.set()
+    # readiness
 
     def _check_backend(self) -> None:
         """See the guest warm (a probe when hluk's cache changed, else two stat calls)."""
@@ -176,9 +253,21 @@ class _Server:
         self.ready, self.reason = True, "ready"
 
     def start_check(self) -> asyncio.Future[None]:
+        """Check the backend in a daemon thread: a warm-up (a pull, a boot: up to 900 s) must
+        never hold the process when it exits."""
         if self.check is None or self.check.done():
             loop = asyncio.get_running_loop()
-            self.check = loop.run_in_executor(self.checker, self._check_backend)
+            check: asyncio.Future[None] = loop.create_future()
+
+            def checked() -> None:
+                try:
+                    self._check_backend()
+                finally:
+                    with contextlib.suppress(RuntimeError):  # the loop has closed: exiting
+                        loop.call_soon_threadsafe(_settle, check)
+
+            threading.Thread(target=checked, name="verl-hyperlight-readiness", daemon=True).start()
+            self.check = check
         return self.check
 
     async def readiness(self) -> tuple[bool, str]:
@@ -189,86 +278,216 @@ class _Server:
             pass  # the last known state, while a probe (a pull, a boot) goes on
         return self.ready, self.reason
 
-    async def admit(self, compile_timeout: float) -> str | None:
-        """Wait for a micro-VM; why not, if the request must be turned away (HTTP 504)."""
-        if self.waiting >= self.settings.queue_limit:
-            return f"the queue is full ({self.settings.queue_limit} requests wait already)"
-        wait = max(0.0, min(self.settings.max_wait, compile_timeout + WAIT_MARGIN_SECONDS))
-        self.waiting += 1
-        self.metrics.queued.inc()
-        try:
-            await asyncio.wait_for(self.slots.acquire(), wait)
-        except asyncio.TimeoutError:
-            return f"no micro-VM was free within {wait:g} s"
-        finally:
-            self.waiting -= 1
-            self.metrics.queued.dec()
+    # a case
+
+    def over_cap(self, request: RunCodeRequest) -> str | None:
+        """Why this server will not run a request the service would take, if it will not."""
+        if request.memory_limit_MB > self.memory_cap:
+            return (
+                f"memory_limit_MB {request.memory_limit_MB} is over this server's cap of "
+                f"{self.memory_cap} MiB (verl-hyperlight serve --max-memory-mb)"
+            )
+        if request.run_timeout > self.settings.max_run_timeout:
+            return (
+                f"run_timeout {request.run_timeout:g} s is over this server's cap of "
+                f"{self.settings.max_run_timeout:g} s (verl-hyperlight serve --max-run-timeout)"
+            )
         return None
 
+    async def parse(self, body: bytes, content_type: bytes | None) -> RunCodeRequest | Invalid:
+        if len(body) <= PARSE_ON_LOOP_BYTES:
+            return parse(body, content_type)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.parser, parse, body, content_type)
+
     async def run(
-        self, body: RunCodeRequest, request: Request
+        self, request: RunCodeRequest, receive: Receive, place: _Place
     ) -> tuple[dict[str, Any] | None, str | None, bool]:
-        """Run the case in a worker thread; cancel it if the client goes away. run_code's
-        answer, and whether the case was cancelled."""
+        """Run the case in a worker thread; cancel it if the client goes away or the handler is
+        cancelled. run_code's answer, and whether the case was cancelled."""
         cancel = threading.Event()
         call = functools.partial(
             _api.run_code,
             self.settings.url,
-            body.code,
-            body.stdin,
-            body.compile_timeout,
-            body.run_timeout,
-            None if body.memory_limit_MB <= 0 else body.memory_limit_MB,
-            body.language,
-            files=body.files,
-            fetch_files=body.fetch_files,
+            request.code,
+            request.stdin,
+            request.compile_timeout,
+            request.run_timeout,
+            None if request.memory_limit_MB <= 0 else request.memory_limit_MB,
+            request.language,
+            files=request.files,
+            fetch_files=request.fetch_files,
             cancel=cancel,
         )
+        case = asyncio.get_running_loop().run_in_executor(self.executor, call)
+        place.running = True
         self.in_flight.add(cancel)
         self.metrics.in_flight.inc()
-        try:
-            watcher = asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
-            try:
-                response, error = await asyncio.get_running_loop().run_in_executor(
-                    self.executor, call
-                )
-            finally:
-                watcher.cancel()
-            return response, error, cancel.is_set()
-        finally:
+
+        def ended(_: object) -> None:
             self.in_flight.discard(cancel)
             self.metrics.in_flight.dec()
-            self.slots.release()
+            place.release()
+
+        case.add_done_callback(ended)
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, cancel))
+        try:
+            response, error = await asyncio.shield(case)
+        except asyncio.CancelledError:
+            cancel.set()  # the handler is gone (uvicorn past its shutdown timeout): so is its case
+            raise
+        finally:
+            watcher.cancel()
+        return response, error, cancel.is_set()
+
+    def cancel_all(self) -> None:
+        for cancel in list(self.in_flight):
+            cancel.set()
+
+    async def stop(self) -> None:
+        """The last step of stopping: cancel what still runs (its micro-VM killed, its case
+        directory removed) and wait until it has ended, cases whose handler was cancelled
+        included."""
+        self.cancel_all()
+        deadline = time.monotonic() + STOP_SECONDS
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.in_flight:
+            logger.error("stopping with %d cases still ending", len(self.in_flight))
 
 
-async def _cancel_on_disconnect(request: Request, cancel: threading.Event) -> None:
+def _settle(check: asyncio.Future[None]) -> None:
+    if not check.done():
+        check.set_result(None)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request's body, or None if the client went away first."""
+    chunks = []
     while True:
-        message = await request.receive()
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _cancel_on_disconnect(receive: Receive, cancel: threading.Event) -> None:
+    while True:
+        message = await receive()
         if message["type"] == "http.disconnect":
             cancel.set()
             return
 
 
-def _json(status: int, content: Any, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(content, status_code=status, headers=headers)
+PLACE = "verl_hyperlight.place"
 
 
-def create_app(settings: Settings) -> _Guard:
-    """The ASGI application serving `settings`."""
-    server = _Server(settings)
+class _Admission:
+    """A place for each POST /run_code before its body is read: past `max_concurrent` running
+    and `queue_limit` waiting, HTTP 504 at once, without reading the body (as uvicorn's
+    limit_concurrency refuses). The place is given back when the request is done with it."""
 
-    async def lifespan(app: FastAPI) -> Any:
-        server.start_check()  # the warm-up: pull and snapshot if needed, logged
-        yield
-        # Stopping: what is still running past the grace period is cancelled (its micro-VM
-        # killed, its case directory removed) before the process exits.
-        server.cancel_all()
-        deadline = time.monotonic() + 10
-        while server.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+    def __init__(self, app: ASGIApp, server: _Server) -> None:
+        self.app = app
+        self.server = server
 
-    app = FastAPI(title="verl-hyperlight", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.server = server
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not _is_run_code(scope):
+            await self.app(scope, receive, send)
+            return
+        server = self.server
+        if server.places >= server.place_limit:
+            limit = server.settings.queue_limit
+            await _busy(scope, send, f"the queue is full ({limit} requests wait already)")
+            return
+        place = _Place(server)
+        scope[PLACE] = place
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            place.leave()
+
+
+def _is_run_code(scope: Scope) -> bool:
+    return bool(scope["type"] == "http" and scope["path"] == RUN_CODE and scope["method"] == "POST")
+
+
+async def _busy(scope: Scope, send: Send, why: str) -> None:
+    scope["state"]["case"] = "rejected"
+    scope[SERVER].metrics.cases.labels("rejected").inc()
+    headers = [(b"retry-after", str(RETRY_AFTER_SECONDS).encode())]
+    await answer_json(send, 504, {"detail": f"verl-hyperlight is busy: {why}"}, headers)
+
+
+SERVER = "verl_hyperlight.server"
+
+
+async def _run_code(scope: Scope, receive: Receive, send: Send) -> None:
+    """POST /run_code, admitted: read, validate, take a micro-VM, run, answer."""
+    server: _Server = scope[SERVER]
+    place: _Place = scope[PLACE]
+    started = time.monotonic()
+    body = await _read_body(receive)
+    if body is None:
+        return  # gone before it was read: nothing to answer
+    request = await server.parse(body, header(scope, b"content-type"))
+    del body  # the request holds the content from here: one copy while it waits
+    if isinstance(request, Invalid):
+        await answer(send, request.status, request.body, content_type=request.content_type)
+        return
+    refused = server.over_cap(request)
+    if refused is None:
+        busy = await place.take_slot(request.compile_timeout)
+        if busy is not None:
+            await _busy(scope, send, busy)
+            return
+        response, error, cancelled = await server.run(request, receive, place)
+    else:
+        response, error, cancelled = sandbox_error(refused), None, False
+    if response is None:
+        # Valid for the service, not runnable here (a memory limit below the image's):
+        # an outcome, answered as the service answers a failed run.
+        response = sandbox_error(error or "invalid request")
+    response["executor_pod_name"] = server.pod_name
+    case = "cancelled" if cancelled else response["status"]
+    scope["state"]["case"] = case
+    server.metrics.cases.labels(case).inc()
+    server.metrics.seconds.observe(time.monotonic() - started)
+    await answer_json(send, 200, response)
+
+
+class _App:
+    """The innermost application: the lifespan (warm-up at start, `stop` at the end), POST
+    /run_code, and FastAPI for the rest."""
+
+    def __init__(self, server: _Server) -> None:
+        self.server = server
+        self.rest = _other_routes(server)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif _is_run_code(scope):
+            await _run_code(scope, receive, send)
+        else:
+            await self.rest(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.server.start_check()  # the warm-up: pull and snapshot if needed, logged
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.server.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _other_routes(server: _Server) -> FastAPI:
+    app = FastAPI(title="verl-hyperlight", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/v1/ping")
     async def ping() -> str:
@@ -277,128 +496,45 @@ def create_app(settings: Settings) -> _Guard:
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         ready, reason = await server.readiness()
-        return _json(200 if ready else 503, {"ready": ready, "reason": reason})
+        return JSONResponse({"ready": ready, "reason": reason}, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/run_code")
-    async def run_code(body: RunCodeRequest, request: Request) -> JSONResponse:
-        started = time.monotonic()
-        refused = await server.admit(body.compile_timeout)
-        if refused is not None:
-            request.state.case = "rejected"
-            server.metrics.cases.labels("rejected").inc()
-            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
-            return _json(504, {"detail": f"verl-hyperlight is busy: {refused}"}, headers)
-        response, error, cancelled = await server.run(body, request)
-        if response is None:
-            # Valid for the service, not runnable here (a memory limit below the image's):
-            # an outcome, answered as the service answers a failed run.
-            response = sandbox_error(error or "invalid request")
-        response["executor_pod_name"] = server.pod_name
-        request.state.case = "cancelled" if cancelled else response["status"]
-        server.metrics.cases.labels(request.state.case).inc()
-        server.metrics.seconds.observe(time.monotonic() - started)
-        return _json(200, response)
+    @app.post(RUN_CODE)
+    async def run_code() -> None:
+        """Never reached (POST /run_code is answered before FastAPI): declared so that other
+        methods get FastAPI's 405."""
 
-    return _Guard(app, settings, server)
+    return app
 
 
-class _Guard:
-    """Before the application: a request id, the body-size limit (413 without reading past
-    it), the optional bearer token, and one access-log line per request."""
+class Application:
+    """The ASGI application serving `settings`: the middlewares, outermost first, around
+    `_App`."""
 
-    def __init__(self, app: FastAPI, settings: Settings, server: _Server) -> None:
+    def __init__(self, settings: Settings) -> None:
+        self.server = _Server(settings)
+        middlewares: list[tuple[type[Any], dict[str, Any]]] = [
+            (RequestLog, {}),
+            (BodyLimit, {"max_bytes": settings.max_body_bytes}),
+            (BearerToken, {"token": settings.token, "protected": frozenset({RUN_CODE})}),
+            (_Admission, {"server": self.server}),
+        ]
+        app: ASGIApp = _App(self.server)
+        for middleware, options in reversed(middlewares):
+            app = middleware(app, **options)
         self.app = app
-        self.settings = settings
-        self.server = server
-        # uvicorn and tests reach the application's state through this object.
-        self.state = app.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.monotonic()
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        request_id = headers.get(REQUEST_ID_HEADER) or secrets.token_hex(8)
-        scope.setdefault("state", {})["case"] = "-"
-        status = [0]
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-                message.setdefault("headers", [])
-                message["headers"] = [
-                    *message["headers"],
-                    (b"x-request-id", request_id.encode("latin-1")),
-                ]
-            await send(message)
-
-        try:
-            refusal = self._refusal(scope, headers)
-            if refusal is not None:
-                await refusal(scope, receive, send_with_id)
-                return
-            body = await self._body(receive)
-            if body is None:
-                await self._too_large()(scope, receive, send_with_id)
-                return
-            await self.app(scope, _replay(body, receive), send_with_id)
-        finally:
-            access_log.info(
-                '%s %s "%s %s" %d %.1f ms case=%s',
-                request_id,
-                (scope.get("client") or ("-",))[0],
-                scope["method"],
-                scope["path"],
-                status[0],
-                (time.monotonic() - started) * 1000,
-                scope["state"].get("case", "-"),
-            )
-
-    def _too_large(self) -> JSONResponse:
-        return _json(413, {"detail": f"the body is over {self.settings.max_body_bytes} bytes"})
-
-    def _refusal(self, scope: Scope, headers: dict[str, str]) -> JSONResponse | None:
-        length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.settings.max_body_bytes:
-            return self._too_large()
-        token = self.settings.token
-        if token is not None and scope["path"] == "/run_code":
-            given = headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return _json(401, {"detail": "a bearer token is required"})
-        return None
-
-    async def _body(self, receive: Receive) -> list[Message] | None:
-        """The request's body messages, or None past the limit (the rest is never read)."""
-        messages, size = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                return messages
-            size += len(message.get("body", b""))
-            if size > self.settings.max_body_bytes:
-                return None
-            if not message.get("more_body", False):
-                return messages
+        scope[SERVER] = self.server
+        await self.app(scope, receive, send)
 
 
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    """A receive that hands over the body read already, then waits on the client as before
-    (for its disconnect)."""
-    pending = list(messages)
-
-    async def replayed() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-
-    return replayed
+def create_app(settings: Settings) -> Application:
+    """The ASGI application serving `settings`."""
+    return Application(settings)
 
 
 def _is_loopback(host: str) -> bool:
@@ -409,8 +545,10 @@ def _is_loopback(host: str) -> bool:
 
 
 class _Uvicorn(uvicorn.Server):
-    """uvicorn, whose first SIGTERM or SIGINT also starts the grace period: once over, the
-    cases still running are cancelled, so their connections close and the server exits."""
+    """uvicorn, whose first SIGTERM or SIGINT starts the grace period: once over, the cases
+    still running are cancelled, so their clients get an answer, their connections close and
+    the server exits. This is the one way the server stops: uvicorn then cancels what is
+    left, and `_Server.stop` waits for the cases' ends."""
 
     def __init__(self, config: uvicorn.Config, server: _Server) -> None:
         super().__init__(config)
@@ -446,9 +584,9 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8080) -> None
         app,
         host=host,
         port=port,
-        access_log=False,  # one line per request, with its id, from _Guard
+        access_log=False,  # one line per request, with its id, from RequestLog
         log_config=None,
         lifespan="on",
-        timeout_graceful_shutdown=int(settings.grace) + 15,
+        timeout_graceful_shutdown=int(settings.grace) + CANCEL_MARGIN_SECONDS,
     )
-    _Uvicorn(config, app.state.server).run()
+    _Uvicorn(config, app.server).run()
