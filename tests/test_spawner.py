@@ -5,6 +5,7 @@ test_process_control.py, run on each way."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
@@ -13,12 +14,15 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from hostside import Host, children_of, processes_with, result, run, sandbox_error, wait_for
 
 from verl_hyperlight import _hluk, _spawn, _warmup
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_run_code.py"
 
 
 @pytest.fixture
@@ -261,3 +265,26 @@ def test_a_spawner_killed_after_the_solution_started_is_its_own_failure_not_an_o
     assert logged and not any("fail as killed" in line for line in logged)
     assert len(host.case_runs()) == runs + 1  # it had started: not retried
     assert result(run("print(11)"))[3] == "11\n"
+
+
+def test_many_cases_at_once_on_one_spawner_each_end_as_their_own(
+    host: Host,
+    fresh: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # hluk processes start and end on one spawner in the same moments, so a status pipe's
+    # number is taken again at once: no case's hluk is killed for another's that ended.
+    bench = importlib.util.spec_from_file_location("bench_run_code", BENCH)
+    assert bench is not None and bench.loader is not None
+    module = importlib.util.module_from_spec(bench)
+    monkeypatch.setitem(sys.modules, "bench_run_code", module)
+    bench.loader.exec_module(module)
+    monkeypatch.setenv("HLUK_PATH", str(module.hluk_double(tmp_path)))  # answers at once
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: run(module.SOLUTION, module.STDIN), range(400)))
+    assert [result(answer)[:4] for answer in answers] == [
+        ("Success", "Finished", 0, module.EXPECTED)
+    ] * 400
+    assert [r.getMessage() for r in caplog.records] == []  # none retried

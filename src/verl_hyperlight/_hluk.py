@@ -521,8 +521,9 @@ def run(
     # closed per case; nor select(2), which fails past descriptor 1023.
     poller = select.poll()
     reading = {proc.stdout, proc.stderr}
-    for fd in (*reading, proc.exit_fd):
+    for fd in reading:
         poller.register(fd, select.POLLIN)
+    poller.register(proc.exit_fd, proc.exit_events)
     try:
         while reading or not exited:
             now = time.monotonic()

@@ -60,7 +60,8 @@ class Process(Protocol):
 
     stdout: int  # descriptors to read
     stderr: int
-    exit_fd: int  # readable when exited() may have something to say
+    exit_fd: int  # polled for exit_events: then exited() may have something to say
+    exit_events: int
 
     @property
     def error(self) -> str:
@@ -104,6 +105,8 @@ def _die_with_parent(parent: int) -> None:
 
 class _Popened:
     """hluk started by subprocess (the setpriv and fork ways): its exit is a pidfd's."""
+
+    exit_events = select.POLLIN
 
     def __init__(self, argv: list[str], cwd: str | None, env: dict[str, str], way: str) -> None:
         parent = os.getpid()
@@ -169,11 +172,15 @@ class _SpawnerGone(Exception):
 
 class _Spawned:
     """hluk started by the spawner: its pid, its exit and its status come through the status
-    pipe, which ends without a status when the spawner dies."""
+    pipe, which the spawner closes once it has written the status, or ends by dying. Only that
+    end is polled for (no event but the hang-up): the pid's line wakes no one."""
+
+    exit_events = 0
 
     def __init__(self, spawner: _Spawner, stdout: int, stderr: int, status: int) -> None:
         self.spawner = spawner
         self.stdout, self.stderr, self.exit_fd = stdout, stderr, status
+        os.set_blocking(status, False)
         self.pid = 0
         self.error = ""
         self.lost = False
@@ -183,36 +190,48 @@ class _Spawned:
         self._pending = b""
 
     def exited(self) -> bool:
-        data = os.read(self.exit_fd, 4096)
-        lines = (self._pending + data).split(b"\n")
-        self._pending = lines.pop()
-        for line in lines:
-            kind, value = line[:1], line[1:]
-            if kind == b"p":
-                self.pid = int(value)
-            elif kind == b"x":
-                self.error = value.decode(errors="replace")
-            elif kind == b"e":
-                self.returncode = int(value)
-        if not data:
-            self._ended = True
-            if self.returncode is None and not self.error:
-                # The spawner died without a word of this hluk, which outlives it: killed here.
-                self.lost = True
-                if self.pid:
-                    try:
-                        os.killpg(self.pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-        return self._ended or self.returncode is not None
+        self._read()
+        return self._ended
+
+    def _read(self) -> None:
+        """Read what the status pipe holds, to its end if it has ended."""
+        while not self._ended:
+            try:
+                data = os.read(self.exit_fd, 4096)
+            except BlockingIOError:
+                return
+            lines = (self._pending + data).split(b"\n")
+            self._pending = lines.pop()
+            for line in lines:
+                kind, value = line[:1], line[1:]
+                if kind == b"p":
+                    self.pid = int(value)
+                elif kind == b"x":
+                    self.error = value.decode(errors="replace")
+                elif kind == b"e":
+                    self.returncode = int(value)
+            if not data:
+                self._ended = True
+        if self._ended and self.returncode is None and not self.error and not self.lost:
+            # The spawner died without a word of this hluk, which outlives it: killed here.
+            self.lost = True
+            if self.pid:
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
     def stop(self, status_needed: bool = True) -> int | None:
         if not self._stopped:
             self._stopped = True
-            if status_needed and self.pid and self.returncode is None and not self._ended:
+            self._read()
+            if status_needed and self.pid and not self._ended:
                 self.spawner.send(b"k\0%d" % self.pid)
-                while not self.exited():
-                    pass  # its status comes once the spawner has killed and reaped it
+                poller = select.poll()
+                poller.register(self.exit_fd, self.exit_events)
+                while not self._ended:  # its status comes once it is killed and reaped
+                    poller.poll()
+                    self._read()
             # A hluk it has not started yet, or whose status no one waits for, the spawner
             # kills (and reaps) once this end of the status pipe is closed: no message, no
             # waiting for it here.

@@ -78,7 +78,15 @@ class Spawner:
     def serve(self) -> None:
         self.socket.send(b"ready")
         while True:
-            for fd, _ in self.poller.poll():
+            events = self.poller.poll()
+            # Status pipes whose reader has gone (registered for no event: only that error),
+            # first, while each descriptor is still the pipe that was polled: a reap closes
+            # them and a request makes new ones, which may take their numbers.
+            for fd, _ in events:
+                if fd in self.listening:
+                    self.poller.unregister(fd)
+                    self.kill(self.listening.pop(fd))
+            for fd, _ in events:
                 if fd == self.wake_r:
                     while True:
                         try:
@@ -86,11 +94,7 @@ class Spawner:
                         except BlockingIOError:
                             break
                     self.reap()
-                elif fd in self.listening:
-                    # Registered for no event: only its error, the end of its reader.
-                    self.poller.unregister(fd)
-                    self.kill(self.listening.pop(fd))
-                elif not self.request():
+                elif fd == self.socket.fileno() and not self.request():
                     self.end()
 
     def request(self) -> bool:
