@@ -13,7 +13,9 @@
    2 GiB (touched, as a reward worker with torch loaded holds GBs), and with the case
    directories on a tmpfs (VERL_HYPERLIGHT_CASE_DIR).
 2. Each per-case step's cost (CPU time of the case's thread, and wall time), measured inside
-   real cases at concurrency 1 by wrapping the functions that make up a case.
+   real cases at concurrency 1 by wrapping the functions that make up a case; then how often
+   a case's thread and the helper processes sleep and are woken per case (hops), against a
+   bare subprocess.run's calling thread.
 3. The stand-in comparison: run_code against the stand-in hluk run directly with the same argv
    (the stand-in's own ~0.1-0.2 s blurs the difference), and throughput at concurrency 1, 2
    and 8 against `python solution.py` run directly on the host.
@@ -29,6 +31,7 @@ import argparse
 import base64
 import functools
 import os
+import resource
 import secrets
 import selectors
 import shlex
@@ -352,6 +355,40 @@ def per_step(cases: int) -> None:
             )
 
 
+def helper_sleeps() -> int:
+    """Voluntary context switches of this process's live child processes (its helpers)."""
+    total = 0
+    for pid in helper_ticks():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        total += int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+    return total
+
+
+def hops(scratch: Path, cases: int, busy_loops: int) -> None:
+    """Section 2b: how often a case's thread, and the helpers, go to sleep and wait to be
+    woken (a hop: on a busy node each wake-up waits for a CPU), against the double that runs a
+    while, at concurrency 1; and the calling thread of a bare subprocess.run of the same argv.
+    Counts, not times: the machine's load changes them little."""
+    os.environ["HLUK_PATH"] = str(hluk_double(scratch, busy_loops))
+    argv, nonce = case_argv(scratch / "hops-case")
+    one_case()
+    rows = [("run_code", one_case), ("subprocess.run", lambda: run_directly(argv, nonce))]
+    print(f"\n2b. sleeps per case at concurrency 1, the double that runs a while ({cases} cases)")
+    for name, task in rows:
+        thread, helpers = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw, helper_sleeps()
+        for _ in range(cases):
+            task()
+        thread = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - thread
+        helpers = helper_sleeps() - helpers
+        print(
+            f"   {name:15} the calling thread {thread / cases:5.2f}, "
+            f"the helper processes {helpers / cases:5.2f}"
+        )
+
+
 def direct_python(scratch: Path, python: str) -> float:
     """`python solution.py` on the host: a fresh directory, stdin a pipe."""
     directory = Path(tempfile.mkdtemp(dir=scratch))
@@ -462,6 +499,7 @@ def main() -> None:
         del ballast
         on_tmpfs(scratch, args.cases, paths[0])
         per_step(args.cases)
+        hops(scratch, args.cases, args.busy_loops)
         os.environ["HLUK_PATH"] = real_hluk
         if not args.skip_standin:
             standin_comparison(scratch, backend, args.standin_cases)

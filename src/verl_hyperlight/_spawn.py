@@ -56,7 +56,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 class Process(Protocol):
     """A started hluk, as ``_hluk.run`` drives it, whatever way started it: two pipes to read,
-    one descriptor that becomes readable when it has exited, and one call that ends it."""
+    one descriptor to poll for its exit (a pidfd, or the spawner's status pipe), and one call
+    that ends it."""
 
     stdout: int  # descriptors to read
     stderr: int
