@@ -38,6 +38,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+from .spawner import MESSAGE_LIMIT
+
 logger = logging.getLogger("verl_hyperlight")
 
 SPAWN_ENV = "VERL_HYPERLIGHT_SPAWN"
@@ -46,8 +48,6 @@ PR_SET_PDEATHSIG = 1
 # How long the spawner may take to start. Its answers to requests have no deadline of their
 # own: a case's start-up deadline bounds them, and a slow spawner on a loaded node is healthy.
 SPAWNER_START_SECONDS = 30.0
-# Requests larger than this go to the spawner in a memory file (see _Spawner.spawn).
-MESSAGE_LIMIT = 64 * 1024
 INTERPRETER_ENVIRONMENT = ("LD_LIBRARY_PATH",)
 SPAWNER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spawner.py")
 

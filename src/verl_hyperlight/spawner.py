@@ -34,7 +34,7 @@ import socket
 import sys
 
 PR_SET_PDEATHSIG = 1
-# The worker sends larger requests in a memory file (_spawn.MESSAGE_LIMIT); one read there is
+# Larger requests come in a memory file (the worker reads this too); one read there is
 # bounded too, far above what execve accepts.
 MESSAGE_LIMIT = 64 * 1024
 MAX_REQUEST = 64 * 1024 * 1024
