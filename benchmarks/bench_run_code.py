@@ -1,23 +1,28 @@
 """What run_code costs on the host per case, against baselines measured in the same run.
 
-1. Orchestration, against an instant hluk double (a shell script that prints at once the
-   frames the runner would print; no guest at all), so the difference is all ours. For each
-   way of spawning hluk this machine has (the default first), at concurrency 1, 8 and 64:
-   the median and p99 wall time per case through run_code, and what it adds to the same
-   double spawned directly (posix_spawn, its two pipes read to their end, waited for: the
-   floor of any host side); the worker's CPU time per case (all its threads), and that of
-   its long-lived helper processes (the spawner, the cleaner of case directories). Then the
-   same in a worker holding 2 GiB (touched, as a reward worker with torch loaded holds GBs);
-   and the first table again with the case directories on a tmpfs (VERL_HYPERLIGHT_CASE_DIR).
+1. Orchestration, against hluk doubles (shell scripts that print the frames the runner would
+   print; no guest at all), so the difference is all ours: one that runs a few milliseconds
+   on a CPU first, as a real case does (a busy CPU is where hops between the worker and its
+   helper processes cost), and one that prints at once. For each way of spawning hluk this
+   machine has (the default first), at concurrency 1, 8 and 64: the median and p99 wall time
+   per case through run_code, and what it adds to the same double spawned directly
+   (posix_spawn, its two pipes read to their end, waited for: the floor of any host side) and
+   run by `subprocess.run` (what a user's worker would write without run_code); the worker's
+   CPU time per case (all its threads), and that of its long-lived helper processes (the
+   spawner, the cleaner of case directories). Then the instant table in a worker holding
+   2 GiB (touched, as a reward worker with torch loaded holds GBs), and with the case
+   directories in TMPDIR (VERL_HYPERLIGHT_CASE_DIR), not on the default tmpfs.
 2. Each per-case step's cost (CPU time of the case's thread, and wall time), measured inside
-   real cases at concurrency 1 by wrapping the functions that make up a case.
+   real cases at concurrency 1 by wrapping the functions that make up a case; then how often
+   a case's thread and the helper processes sleep and are woken per case (hops), against a
+   bare subprocess.run's calling thread.
 3. The stand-in comparison: run_code against the stand-in hluk run directly with the same argv
    (the stand-in's own ~0.1-0.2 s blurs the difference), and throughput at concurrency 1, 2
    and 8 against `python solution.py` run directly on the host.
 
 Without HLUK_PATH it uses the stand-in hluk from tests/ (bubblewrap, a host CPython) for 3.
 Figures are noisy on a shared machine: compare the ratios and differences of one run.
-Usage: python benchmarks/bench_run_code.py [--cases N] [--skip-standin]
+Usage: python benchmarks/bench_run_code.py [--cases N] [--skip-standin] [--only-c1]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import argparse
 import base64
 import functools
 import os
+import resource
 import secrets
 import selectors
 import shlex
@@ -42,7 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from verl_hyperlight import _api, _hluk, _spawn, _warmup, run_code
+from verl_hyperlight import _api, _casedir, _hluk, _spawn, _warmup, run_code
 from verl_hyperlight._guest import guest_for, workload_code
 from verl_hyperlight._hluk import hluk_path
 
@@ -81,14 +87,16 @@ def use_standin_unless_configured(scratch: Path) -> str:
     return "the stand-in hluk (tests/standin/hluk)"
 
 
-def instant_hluk(scratch: Path) -> Path:
-    """A hluk double that prints the runner's frames for EXPECTED at once (no guest at all),
-    and an empty case's for the warm-up's probe."""
+def hluk_double(scratch: Path, busy_loops: int = 0) -> Path:
+    """A hluk double that prints the runner's frames for EXPECTED (no guest at all), and an
+    empty case's for the warm-up's probe: at once, or after `busy_loops` turns of a shell
+    loop, a few milliseconds on a CPU, as a real case's restore and run take."""
     encoded = base64.b64encode(EXPECTED.encode()).decode()
-    double = scratch / "instant-hluk"
+    double = scratch / f"hluk-double-{busy_loops}"
     double.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = --version ]; then echo "hluk 0.19.0"; exit 0; fi\n'
+        f"i=0; while [ $i -lt {busy_loops} ]; do i=$((i+1)); done\n"
         "for last; do :; done\n"
         "nonce=${last%\\')}; nonce=${nonce##*\\'}\n"
         'case "$last" in\n'
@@ -101,6 +109,11 @@ def instant_hluk(scratch: Path) -> Path:
     )
     double.chmod(0o755)
     return double
+
+
+def instant_hluk(scratch: Path) -> Path:
+    """The double that prints at once (bench_serve's too)."""
+    return hluk_double(scratch)
 
 
 def one_case() -> float:
@@ -153,6 +166,15 @@ def spawned_directly(argv: list[str], nonce: str) -> float:
     os.close(out_r)
     os.close(err_r)
     assert nonce.encode() + b" done" in output, output
+    return elapsed
+
+
+def run_directly(argv: list[str], nonce: str) -> float:
+    """What a user's worker would write without run_code: subprocess.run of the same argv."""
+    started = time.perf_counter()
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
+    elapsed = time.perf_counter() - started
+    assert nonce.encode() + b" done" in done.stdout, done.stdout
     return elapsed
 
 
@@ -210,62 +232,69 @@ def timed_batch(
     return times, worker_cpu, helper_cpu
 
 
-def orchestration(scratch: Path, cases: int, paths: list[str], label: str) -> None:
+def orchestration(
+    scratch: Path, cases: int, paths: list[str], label: str, concurrencies: tuple[int, ...]
+) -> None:
     """Section 1's table for each spawn path."""
     double_argv, double_nonce = case_argv(scratch / "double-case")
-    direct = functools.partial(spawned_directly, double_argv, double_nonce)
+    baselines = {
+        "direct": functools.partial(spawned_directly, double_argv, double_nonce),
+        "subprocess.run": functools.partial(run_directly, double_argv, double_nonce),
+    }
     print(f"\n1. {label}: wall ms per case (median, p99) and CPU ms per case")
     print(
         f"   {'spawn path':9} {'c':>3}  {'run_code':>15}  {'direct':>15}  {'added':>15}"
+        f"  {'subprocess.run':>15}  {'added':>15}"
         f"  {'worker CPU':>10} {'direct CPU':>10} {'helpers':>7}"
     )
     for path in paths:
         with spawning_with(path):
             one_case()
-            for concurrency in CONCURRENCIES if path == paths[0] else (1,):
+            for concurrency in concurrencies if path == paths[0] else (1,):
                 count = max(cases, 10 * concurrency)
                 ours: list[float] = []
-                theirs: list[float] = []
+                theirs: dict[str, list[float]] = {name: [] for name in baselines}
                 cpu = [0.0, 0.0, 0.0]
-                for _ in range(2):  # interleaved, so load drift hits both
-                    times, worker_cpu, _ = timed_batch(direct, concurrency, count // 2)
-                    theirs += times
-                    cpu[1] += worker_cpu / 2
+                for _ in range(2):  # interleaved, so load drift hits all
+                    for name, baseline in baselines.items():
+                        times, worker_cpu, _ = timed_batch(baseline, concurrency, count // 2)
+                        theirs[name] += times
+                        if name == "direct":
+                            cpu[1] += worker_cpu / 2
                     times, worker_cpu, helper_cpu = timed_batch(one_case, concurrency, count // 2)
                     ours += times
                     cpu[0] += worker_cpu / 2
                     cpu[2] += helper_cpu / 2
                 med, p99 = statistics.median(ours), percentile(ours, 0.99)
-                dmed, dp99 = statistics.median(theirs), percentile(theirs, 0.99)
-                print(
-                    f"   {path:9} {concurrency:3}  {med * 1e3:7.2f} {p99 * 1e3:7.2f}"
-                    f"  {dmed * 1e3:7.2f} {dp99 * 1e3:7.2f}"
-                    f"  {(med - dmed) * 1e3:7.2f} {(p99 - dp99) * 1e3:7.2f}"
-                    f"  {cpu[0] * 1e3:10.3f} {cpu[1] * 1e3:10.3f} {cpu[2] * 1e3:7.3f}"
-                )
+                row = f"   {path:9} {concurrency:3}  {med * 1e3:7.2f} {p99 * 1e3:7.2f}"
+                for name in baselines:
+                    bmed, bp99 = statistics.median(theirs[name]), percentile(theirs[name], 0.99)
+                    row += f"  {bmed * 1e3:7.2f} {bp99 * 1e3:7.2f}"
+                    row += f"  {(med - bmed) * 1e3:7.2f} {(p99 - bp99) * 1e3:7.2f}"
+                print(f"{row}  {cpu[0] * 1e3:10.3f} {cpu[1] * 1e3:10.3f} {cpu[2] * 1e3:7.3f}")
 
 
-def on_tmpfs(scratch: Path, cases: int, path: str) -> None:
-    """Section 1 again with the case directories on a tmpfs (VERL_HYPERLIGHT_CASE_DIR under
-    /dev/shm), where making and removing them costs a fraction of a journaled file system's."""
-    if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
-        print("\n1. (no writable /dev/shm here: case directories on tmpfs not measured)")
-        return
-    case_dirs = tempfile.mkdtemp(prefix="verl-hyperlight-bench-", dir="/dev/shm")
-    os.environ[_api.CASE_DIR_ENV] = case_dirs
+def in_tmpdir(scratch: Path, cases: int, path: str) -> None:
+    """Section 1 again with the case directories in TMPDIR (VERL_HYPERLIGHT_CASE_DIR there), as
+    they were by default before the tmpfs: on a journaled file system (ext4, xfs) making and
+    removing them costs several times a tmpfs's."""
+    case_dirs = tempfile.mkdtemp(prefix="verl-hyperlight-bench-")
+    os.environ[_casedir.CASE_DIR_ENV] = case_dirs
     try:
-        orchestration(scratch, cases, [path], "as the first, case directories on tmpfs")
+        orchestration(
+            scratch, cases, [path], "as the instant table, case directories in TMPDIR", (1, 8, 64)
+        )
     finally:
-        del os.environ[_api.CASE_DIR_ENV]
+        del os.environ[_casedir.CASE_DIR_ENV]
         shutil.rmtree(case_dirs, ignore_errors=True)
 
 
 # The steps of a case, by the module attribute that makes each up (those that exist).
 STEPS = [
     ("validate the request", _api, "_validate"),
-    ("case directory", _api, "_make_case_dir"),
-    ("case files", _api, "_write_case"),
-    ("cleaner bookkeeping", _api._janitor, "tell"),
+    ("case directory", _casedir, "make"),
+    ("case files", _casedir, "_write_case"),
+    ("cleaner bookkeeping", _casedir._janitor, "tell"),
     ("warm-up gate", _warmup.Gate, "_pass"),
     ("gate: record the run", _warmup.Gate, "_record_run"),
     ("argv (guest args)", _api.Guest, "args"),
@@ -273,10 +302,10 @@ STEPS = [
     ("environment", _hluk, "environment"),
     ("spawn", _hluk, "_spawn"),
     ("console read + scan", _hluk._Console, "read"),
-    ("kill group", _hluk, "_kill_group"),
+    ("stop (kill, reap, close)", _spawn._Spawned, "stop"),
     ("decide", _hluk, "_decide"),
     ("response", _api, "from_outcome"),
-    ("removal", _api, "_remove_case"),
+    ("removal", _casedir, "_remove_case"),
     ("hluk run, all of it", _hluk, "run"),
     ("run_code, all of it", sys.modules[__name__], "run_code"),
 ]
@@ -322,6 +351,40 @@ def per_step(cases: int) -> None:
                 f"   {name:28} {calls[name] / cases:10.1f} {cpu[name] / cases * 1e6:9.1f}"
                 f" {wall[name] / cases * 1e6:9.1f}"
             )
+
+
+def helper_sleeps() -> int:
+    """Voluntary context switches of this process's live child processes (its helpers)."""
+    total = 0
+    for pid in helper_ticks():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        total += int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+    return total
+
+
+def hops(scratch: Path, cases: int, busy_loops: int) -> None:
+    """Section 2b: how often a case's thread, and the helpers, go to sleep and wait to be
+    woken (a hop: on a busy node each wake-up waits for a CPU), against the double that runs a
+    while, at concurrency 1; and the calling thread of a bare subprocess.run of the same argv.
+    Counts, not times: the machine's load changes them little."""
+    os.environ["HLUK_PATH"] = str(hluk_double(scratch, busy_loops))
+    argv, nonce = case_argv(scratch / "hops-case")
+    one_case()
+    rows = [("run_code", one_case), ("subprocess.run", lambda: run_directly(argv, nonce))]
+    print(f"\n2b. sleeps per case at concurrency 1, the double that runs a while ({cases} cases)")
+    for name, task in rows:
+        thread, helpers = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw, helper_sleeps()
+        for _ in range(cases):
+            task()
+        thread = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - thread
+        helpers = helper_sleeps() - helpers
+        print(
+            f"   {name:15} the calling thread {thread / cases:5.2f}, "
+            f"the helper processes {helpers / cases:5.2f}"
+        )
 
 
 def direct_python(scratch: Path, python: str) -> float:
@@ -389,18 +452,38 @@ def main() -> None:
     parser.add_argument("--standin-cases", type=int, default=30, help="cases per figure of 3")
     parser.add_argument("--skip-standin", action="store_true", help="leave out section 3")
     parser.add_argument("--worker-gib", type=float, default=2.0, help="the large worker's size")
+    parser.add_argument(
+        "--busy-loops", type=int, default=1500, help="how long the realistic double runs"
+    )
+    parser.add_argument(
+        "--only-c1", action="store_true", help="concurrency 1 only (a quick comparison)"
+    )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="verl-hyperlight-bench-"))
     try:
         backend = use_standin_unless_configured(scratch)
         real_hluk = os.environ["HLUK_PATH"]
-        os.environ["HLUK_PATH"] = str(instant_hluk(scratch))
         paths = _spawn.spawn_paths()
         print(
             f"{os.cpu_count()} CPUs; spawn paths here: {', '.join(paths)} (the first is the "
             f"default); {args.cases} cases per figure at concurrency 1, 10 per thread above"
         )
-        orchestration(scratch, args.cases, paths, "an instant hluk double, a lean worker")
+        concurrencies = (1,) if args.only_c1 else CONCURRENCIES
+        os.environ["HLUK_PATH"] = str(hluk_double(scratch, args.busy_loops))
+        orchestration(
+            scratch,
+            args.cases,
+            paths,
+            f"a hluk double that runs a while ({args.busy_loops} turns of a shell loop on a "
+            "CPU, as long as a real case's restore and run), a lean worker",
+            concurrencies,
+        )
+        os.environ["HLUK_PATH"] = str(hluk_double(scratch))
+        orchestration(
+            scratch, args.cases, paths, "an instant hluk double, a lean worker", concurrencies
+        )
+        if args.only_c1:
+            return
         ballast = bytearray(int(args.worker_gib * 1024**3))
         for i in range(0, len(ballast), 4096):
             ballast[i] = 1  # touched, so the pages are resident as a worker's are
@@ -409,10 +492,12 @@ def main() -> None:
             args.cases // 4 or 1,
             paths,
             f"an instant hluk double, a worker holding {args.worker_gib:g} GiB",
+            concurrencies,
         )
         del ballast
-        on_tmpfs(scratch, args.cases, paths[0])
+        in_tmpdir(scratch, args.cases, paths[0])
         per_step(args.cases)
+        hops(scratch, args.cases, args.busy_loops)
         os.environ["HLUK_PATH"] = real_hluk
         if not args.skip_standin:
             standin_comparison(scratch, backend, args.standin_cases)

@@ -4,6 +4,7 @@ descriptor, child process, directory) outlives it, whatever way the case ended."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -149,3 +150,62 @@ def test_a_guest_death_is_answered_when_hluk_exits_though_a_descendant_holds_its
     assert (status, run_status, return_code) == ("Failed", "Finished", 9)
     assert "the guest exited with status 9" in stderr
     assert wait_for(lambda: not processes_with(marker)), processes_with(marker)
+
+
+# A worker holding more than 1,024 descriptors (a server with a full queue on a large node):
+# every descriptor of its cases is numbered above 1,023, past what select(2) can watch.
+CROWDED_WORKER = """
+import json, logging, os, resource, sys
+from concurrent.futures import ThreadPoolExecutor
+
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+ballast = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+records = []
+handler = logging.Handler(logging.WARNING)
+handler.emit = lambda record: records.append(record.getMessage())
+logging.getLogger("verl_hyperlight").addHandler(handler)
+from verl_hyperlight import run_code
+
+def case(i):
+    response, error = run_code("hyperlight://", "print(input())", f"{i}\\n", None, 10, None)
+    return response["run_result"]["stdout"] if response and response["run_result"] else [
+        response, error]
+
+def children():
+    return sorted(
+        int(pid)
+        for task in os.listdir("/proc/self/task")
+        for pid in open(f"/proc/self/task/{task}/children").read().split()
+    )
+
+first = case(-1)  # the warm-up, and the long-lived helpers started
+descriptors, helpers = len(os.listdir("/proc/self/fd")), children()
+with ThreadPoolExecutor(4) as pool:
+    answers = list(pool.map(case, range(12)))
+print(json.dumps({
+    "lowest": min(ballast), "highest": max(ballast), "first": first, "answers": answers,
+    "records": records, "leaked_descriptors": len(os.listdir("/proc/self/fd")) - descriptors,
+    "helpers": [helpers, children()],
+}))
+"""
+
+
+def test_cases_run_in_a_worker_holding_more_than_1024_descriptors(host: Host, way: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CROWDED_WORKER],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(host.tmpdir)},
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["highest"] > 1100  # what the cases opened came after these
+    assert found["first"] == "-1\n"
+    assert found["answers"] == [f"{i}\n" for i in range(12)]
+    assert found["records"] == []  # no fall-back, no internal error, no backend failure
+    assert found["leaked_descriptors"] == 0
+    before, after = found["helpers"]
+    assert before == after  # the spawners and the cleaner, none added or lost
+    assert wait_for(lambda: not processes_with(str(host.tmpdir)))

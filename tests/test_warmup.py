@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -263,3 +264,33 @@ def test_a_probe_outside_a_case_is_held_to_the_startup_setting(
     monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "2")
     with pytest.raises(BackendError, match=r"did not start within 2 s \(VERL_HYPERLIGHT_STARTUP"):
         _warmup.ensure_ready(path, guest)
+
+
+def test_a_hluk_that_hangs_on_a_guest_not_known_warm_is_answered_within_the_startup_deadline(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hluk hangs before the guest starts where this process does not know the guest warm (a
+    # new worker, or hluk changed since): its warm-up probe, which may pull and boot for up to
+    # VERL_HYPERLIGHT_WARM_UP_TIMEOUT (900 s), is cut once hluk has said nothing for the
+    # start-up deadline.
+    run("pass")  # the image is pulled: no pull is left to wait for
+    _warmup.forget()
+    monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "2")
+    answers: list[dict[str, object]] = []
+    case = threading.Thread(target=lambda: answers.append(run("print(1)")), daemon=True)
+    case.start()
+    case.join(60)
+    assert answers, "no answer within 60 s"
+    message = sandbox_error(answers[0])
+    assert "hluk wrote nothing for 2 s while warming up the python image" in message
+
+
+def test_a_slow_pull_that_hluk_announced_is_not_cut_by_the_startup_deadline(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hluk says `pulling IMAGE...` as a pull begins and nothing more until it ends.
+    monkeypatch.setenv("HLUK_STANDIN_PULL_SECONDS", "5")
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "2")
+    assert result(run("print(1)"))[3] == "1\n"
+    assert len(host.warm_ups()) == 1

@@ -57,8 +57,8 @@ EXIT_GRACE_SECONDS = 10.0
 DRAIN_SECONDS = 1.0
 # Once its pipes have ended, how long hluk's exit is waited for before it is killed.
 EXIT_NOTICE_SECONDS = 0.1
-# Without pidfds (Linux < 5.3), how often hluk's exit is polled.
-EXIT_POLL_SECONDS = 0.2
+# How often a case's `cancel` is looked at.
+CANCEL_POLL_SECONDS = 0.2
 PR_SET_PDEATHSIG = 1
 VERSION_TIMEOUT_SECONDS = 30.0
 # How long a case's guest may take to start (STARTUP_TIMEOUT_ENV overrides it).
@@ -114,6 +114,7 @@ class Ending(enum.Enum):
     HLUK_FAILED = "hluk-failed"  # hluk's own error (an `error:` line, a panic) after the start
     KILLED = "killed"  # hluk was killed by a signal this package did not send
     COPY_OUT_TIMEOUT = "copy-out-timeout"  # the output was not copied out within its budget
+    SPAWNER_DIED = "spawner-died"  # the spawner that started hluk died (hluk was killed then)
 
 
 _SOLUTION_ENDINGS = frozenset(
@@ -463,6 +464,20 @@ class _Tail:
     def text(self) -> str:
         return _ANSI.sub("", bytes(self.data[-self.limit :]).decode(errors="replace"))
 
+    def pulling(self) -> bool:
+        """Whether hluk announced an image pull it has not said the end of. Off a terminal it
+        writes `pulling IMAGE...` as the pull begins, then nothing until `pulled IMAGE ...`
+        (hyperlight-unikraft's src/cli/rootfs.rs): a pull is silent while it progresses."""
+        return _line_at(self.data, b"pulling ") > _line_at(self.data, b"pulled ")
+
+
+def _line_at(data: bytearray, start: bytes) -> int:
+    """Where the last line of `data` beginning with `start` begins (-1: none does)."""
+    found = data.rfind(b"\n" + start)
+    if found >= 0:
+        return found + 1
+    return 0 if data.startswith(start) else -1
+
 
 def final_error(stderr: str) -> str:
     """hluk's decisive message: its last `error:` line (hluk writes it last), else a panic."""
@@ -478,22 +493,23 @@ def final_error(stderr: str) -> str:
 
 
 def _spawn(argv: list[str], cwd: str | None) -> _spawn_module.Process:
-    """Start hluk (see ``_spawn``): in a process group of its own, dying with this process.
-    Why it could not start is looked into only when it could not."""
-    path = argv[0]
+    """Start hluk (see ``_spawn``): in a process group of its own, dying with this process."""
     try:
         return _spawn_module.spawn(argv, cwd, environment())
     except OSError as exc:
-        if not os.path.exists(path):
-            raise BackendError(
-                f"hluk was not found at {path}: {INSTALL_HINT}", "hluk-missing"
-            ) from None
-        if os.path.isdir(path) or not os.access(path, os.X_OK):
-            raise BackendError(
-                f"hluk at {path} is not executable: chmod +x it, or point HLUK_PATH at hluk itself",
-                "hluk-not-executable",
-            ) from None
-        raise BackendError(f"hluk at {path} could not start: {exc}", "hluk-broken") from None
+        raise _cannot_start(argv[0], str(exc)) from None
+
+
+def _cannot_start(path: str, why: str) -> BackendError:
+    """Why hluk could not start, looked into only when it could not."""
+    if not os.path.exists(path):
+        return BackendError(f"hluk was not found at {path}: {INSTALL_HINT}", "hluk-missing")
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        return BackendError(
+            f"hluk at {path} is not executable: chmod +x it, or point HLUK_PATH at hluk itself",
+            "hluk-not-executable",
+        )
+    return BackendError(f"hluk at {path} could not start: {why}", "hluk-broken")
 
 
 def _copy_out_budget(end: protocol.End) -> float:
@@ -507,32 +523,43 @@ def run(
     startup_timeout: float,
     cwd: str | None = None,
     cancel: threading.Event | None = None,
+    stall_timeout: float | None = None,
 ) -> RawOutcome:
     """Run hluk with `argv` (in `cwd`) until the runner reports the case done, the solution
     exceeds `run_timeout` (counted from its start in the guest to its end, never the copy-out),
-    nothing starts within `startup_timeout`, or `cancel` is set."""
+    nothing starts within `startup_timeout`, or `cancel` is set. With `stall_timeout`, hluk
+    must also show progress before the start: a run that writes nothing for that long, other
+    than during an image pull it announced, is stopped as not started in time."""
     proc = _spawn(argv, cwd)
-    spawned = time.monotonic()
+    spawned = last_output = time.monotonic()
     console = _Console(nonce)
     stderr = _Tail(HLUK_STDERR_LIMIT)
     stopped: Ending | None = None
-    hluk_exited = False
+    exited = output = False
     started_at: float | None = None
     ended_at: float | None = None
     limit = startup_timeout
     deadline = spawned + startup_timeout
-    exit_fd = proc.exit_fd
     # poll(2), not epoll: for three descriptors it needs no kernel object made, filled and
-    # closed per case.
+    # closed per case; nor select(2), which fails past descriptor 1023.
     poller = select.poll()
-    watched = {proc.stdout, proc.stderr} | ({exit_fd} if exit_fd is not None else set())
-    for fd in watched:
+    reading = {proc.stdout, proc.stderr}
+    for fd in reading:
         poller.register(fd, select.POLLIN)
+    poller.register(proc.exit_fd, proc.exit_events)
     try:
-        while len(watched) > (0 if hluk_exited or exit_fd is None else 1):
+        while reading or not exited:
             now = time.monotonic()
+            stall_at = math.inf
+            waiting = started_at is None and reading and not exited
+            if stall_timeout is not None and waiting and not stderr.pulling():
+                stall_at = last_output + stall_timeout
+            if now >= stall_at and now < deadline:
+                assert stall_timeout is not None
+                stopped, limit = Ending.STARTUP_TIMEOUT, stall_timeout
+                break
             if now >= deadline:
-                if not (hluk_exited or console.done):
+                if reading and not (exited or console.done):
                     stopped = (
                         Ending.STARTUP_TIMEOUT
                         if started_at is None
@@ -544,15 +571,14 @@ def run(
             if cancel is not None and cancel.is_set():
                 stopped = Ending.CANCELLED
                 break
-            wait = deadline - now
-            if exit_fd is None or cancel is not None:
-                wait = min(wait, EXIT_POLL_SECONDS)
+            wait = min(deadline, stall_at) - now
+            if cancel is not None:
+                wait = min(wait, CANCEL_POLL_SECONDS)
             for fd, _ in poller.poll(math.ceil(min(wait, 86400.0) * 1000)):
-                if fd == exit_fd:
-                    if proc.exit_notice():
+                if fd == proc.exit_fd:
+                    if proc.exited():
                         poller.unregister(fd)
-                        watched.discard(fd)
-                        hluk_exited = True
+                        exited = True
                     continue
                 if fd == proc.stdout:
                     ended = not console.read(fd)
@@ -563,8 +589,12 @@ def run(
                     ended = True
                 if ended:
                     poller.unregister(fd)
-                    watched.discard(fd)
+                    reading.discard(fd)
+                else:
+                    output = True
             now = time.monotonic()
+            if output:
+                last_output, output = now, False
             if started_at is None and console.started:
                 started_at, limit = now, run_timeout
                 deadline = started_at + run_timeout
@@ -573,29 +603,27 @@ def run(
                 ended_at, limit = now, _copy_out_budget(console.end)
                 deadline = now + limit
             if console.done:
+                if not reading:
+                    break  # the whole report, and all hluk said: its exit adds nothing
                 deadline = min(deadline, now + EXIT_GRACE_SECONDS)
-            if exit_fd is None and not hluk_exited and proc.poll():
-                hluk_exited = True
-            if hluk_exited:
+            if exited:
                 deadline = min(deadline, now + DRAIN_SECONDS)
+            elif not reading:
+                # Its pipes have ended, so its exit is on its way: cheaper waited for than
+                # killed.
+                deadline = min(deadline, now + EXIT_NOTICE_SECONDS)
             if console.total > CONSOLE_LIMIT and not console.done:
                 stopped = Ending.CONSOLE_LIMIT
                 break
             if console.refusal is not None:
                 break
-        # Its pipes have ended, so its exit is on its way: cheaper waited for than killed (the
-        # spawner's exit notice can come a little after the pipes' end).
-        if (
-            exit_fd is not None
-            and watched == {exit_fd}
-            and select.select([exit_fd], [], [], EXIT_NOTICE_SECONDS)[0]
-        ):
-            proc.exit_notice()
     finally:
         # Whatever ended the loop, nothing of this group outlives the call.
-        proc.kill()
-        status = proc.wait()
-        proc.close()
+        status = proc.stop(status_needed=not console.done)
+    if proc.error:
+        raise _cannot_start(argv[0], proc.error)
+    if proc.lost and stopped is None:
+        stopped = Ending.SPAWNER_DIED
     finished = ended_at if ended_at is not None else time.monotonic()
     hluk_stderr = stderr.text()
     hluk_error = final_error(hluk_stderr)
@@ -670,6 +698,14 @@ def failure(outcome: RawOutcome, path: str) -> BackendError:
             "(VERL_HYPERLIGHT_STARTUP_TIMEOUT); the node may be overloaded: lower "
             "max_concurrent or reward.num_workers",
             "startup-timeout",
+            persistent=False,
+        )
+    if outcome.ending is Ending.SPAWNER_DIED:
+        return BackendError(
+            f"the spawner of hluk processes died {where}, and its hluk with it: check `dmesg` "
+            "for the OOM killer or for who killed it (the next case starts another spawner; "
+            f"{_spawn_module.SPAWN_ENV}=setpriv starts hluk without one)",
+            "spawner-died",
             persistent=False,
         )
     if outcome.ending is Ending.KILLED:

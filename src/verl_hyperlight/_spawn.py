@@ -4,11 +4,12 @@ Three ways, the first that works here is used (VERL_HYPERLIGHT_SPAWN names one t
 
 - ``spawner``: small long-lived processes (``spawner.py``; up to SPAWNERS per worker, taking
   cases in turn) start each hluk with posix_spawn. The worker sends one a message with three
-  pipes and reads the pid back: no fork or exec of its own per case, so nothing per case grows
-  with the worker's memory. A spawner ends every hluk it started when the worker dies (its
-  parent-death signal) or closes its socket, and reports each exit through the case's status
-  pipe, since only a parent can wait for a process; were the spawner itself killed, each case
-  kills its own.
+  pipes: no fork or exec of its own per case, so nothing per case grows with the worker's
+  memory. The spawner answers through the case's status pipe (the pid, then the exit status,
+  since only a parent can wait for a process). It ends every hluk it started when the worker
+  dies (its parent-death signal) or closes its socket, and the hluk of a case that closed its
+  status pipe (it gave up, or no longer needs the status); were the spawner itself killed, each
+  case kills its own and says so.
 - ``setpriv``: util-linux's setpriv sets the parent-death signal and execs hluk; Python's spawn
   stays on vfork, at the cost of an extra exec per case.
 - ``fork``: a preexec_fn sets it, which forces a fork of the whole worker (page tables copied
@@ -37,14 +38,16 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+from .spawner import MESSAGE_LIMIT
+
 logger = logging.getLogger("verl_hyperlight")
 
 SPAWN_ENV = "VERL_HYPERLIGHT_SPAWN"
 PATHS = ("spawner", "setpriv", "fork")
 PR_SET_PDEATHSIG = 1
-# How long the spawner may take to start, and to answer a request with the pid.
+# How long the spawner may take to start. Its answers to requests have no deadline of their
+# own: a case's start-up deadline bounds them, and a slow spawner on a loaded node is healthy.
 SPAWNER_START_SECONDS = 30.0
-SPAWNER_ANSWER_SECONDS = 30.0
 INTERPRETER_ENVIRONMENT = ("LD_LIBRARY_PATH",)
 SPAWNER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spawner.py")
 
@@ -52,30 +55,31 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class Process(Protocol):
-    """A started hluk, as ``_hluk.run`` drives it."""
+    """A started hluk, as ``_hluk.run`` drives it, whatever way started it: two pipes to read,
+    one descriptor to poll for its exit (a pidfd, or the spawner's status pipe), and one call
+    that ends it."""
 
-    pid: int
     stdout: int  # descriptors to read
     stderr: int
+    exit_fd: int  # polled for exit_events: then exited() may have something to say
+    exit_events: int
 
     @property
-    def exit_fd(self) -> int | None:
-        """Readable once it has exited (None: poll() it)."""
+    def error(self) -> str:
+        """Why it could not be started, once exited() has said so (else "")."""
 
-    def exit_notice(self) -> bool:
-        """exit_fd was readable: whether that says it has exited."""
+    @property
+    def lost(self) -> bool:
+        """Whether what started it died before it said how hluk ended (hluk's group was
+        killed then)."""
 
-    def poll(self) -> bool:
-        """Whether it has exited."""
+    def exited(self) -> bool:
+        """exit_fd was readable: whether hluk has now exited, could not start, or is lost."""
 
-    def kill(self) -> None:
-        """SIGKILL its process group, unless it has been waited for."""
-
-    def wait(self) -> int:
-        """Wait for its exit; its status as subprocess gives it (-N: killed by signal N)."""
-
-    def close(self) -> None:
-        """Close what it holds (its pipes)."""
+    def stop(self, status_needed: bool = True) -> int | None:
+        """Kill its process group unless it has been reaped, have it reaped, close its
+        descriptors; once. Its status as subprocess gives it (-N: killed by signal N); None
+        when not known: lost, not started, or not waited for (`status_needed` false)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,7 +105,9 @@ def _die_with_parent(parent: int) -> None:
 
 
 class _Popened:
-    """hluk started by subprocess (the setpriv and fork ways)."""
+    """hluk started by subprocess (the setpriv and fork ways): its exit is a pidfd's."""
+
+    exit_events = select.POLLIN
 
     def __init__(self, argv: list[str], cwd: str | None, env: dict[str, str], way: str) -> None:
         parent = os.getpid()
@@ -125,104 +131,114 @@ class _Popened:
         )
         assert self.popen.stdout is not None and self.popen.stderr is not None
         self.out, self.err = self.popen.stdout, self.popen.stderr
-        self.pid: int = self.popen.pid
         self.stdout, self.stderr = self.out.fileno(), self.err.fileno()
+        self.error = ""
+        self.lost = False
+        self._stopped = False
         try:
-            self.exit_fd: int | None = os.pidfd_open(self.pid)
+            self.exit_fd = os.pidfd_open(self.popen.pid)
         except (AttributeError, OSError):
-            self.exit_fd = None  # Linux < 5.3: polled
+            # Linux < 5.3: a thread waits for it and ends a pipe, the same pollable exit.
+            self.exit_fd, ended = os.pipe2(os.O_CLOEXEC)
+            threading.Thread(target=self._await_exit, args=(ended,), daemon=True).start()
 
-    def exit_notice(self) -> bool:
+    def _await_exit(self, ended: int) -> None:
+        self.popen.wait()
+        os.close(ended)
+
+    def exited(self) -> bool:
         return True
 
-    def poll(self) -> bool:
-        return self.popen.poll() is not None
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def wait(self) -> int:
-        return self.popen.wait()
-
-    def close(self) -> None:
+    def stop(self, status_needed: bool = True) -> int | None:
+        if self._stopped:
+            return self.popen.returncode
+        self._stopped = True
+        # An exited hluk not yet reaped still holds its group's id: what it left there is
+        # killed with no risk of reaching a reused id.
+        if self.popen.returncode is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        status = self.popen.wait()
         self.out.close()
         self.err.close()
-        if self.exit_fd is not None:
-            os.close(self.exit_fd)
+        os.close(self.exit_fd)
+        return status
 
 
 class _SpawnerGone(Exception):
-    """The spawner died or stopped answering."""
+    """The spawner's socket has ended: it died."""
 
 
 class _Spawned:
-    """hluk started by the spawner: its exit and status come through the status pipe."""
+    """hluk started by the spawner: its pid, its exit and its status come through the status
+    pipe, which the spawner closes once it has written the status, or ends by dying. Only that
+    end is polled for (no event but the hang-up): the pid's line wakes no one."""
+
+    exit_events = 0
 
     def __init__(self, spawner: _Spawner, stdout: int, stderr: int, status: int) -> None:
         self.spawner = spawner
         self.stdout, self.stderr, self.exit_fd = stdout, stderr, status
+        os.set_blocking(status, False)
         self.pid = 0
         self.error = ""
+        self.lost = False
         self.returncode: int | None = None
+        self._ended = False  # the status pipe has ended
+        self._stopped = False
         self._pending = b""
 
-    def _read(self) -> bool:
-        """Read the status pipe once; False at its end."""
-        data = os.read(self.exit_fd, 4096)
-        lines = (self._pending + data).split(b"\n")
-        self._pending = lines.pop()
-        for line in lines:
-            kind, value = line[:1], line[1:]
-            if kind == b"p":
-                self.pid = int(value)
-            elif kind == b"x":
-                self.error = value.decode(errors="replace")
-            elif kind == b"e":
-                self.returncode = int(value)
-        return bool(data)
+    def exited(self) -> bool:
+        self._read()
+        return self._ended
 
-    def started(self) -> None:
-        """Wait for the spawner's answer: the pid of the running hluk. OSError if it could
-        not be started; _SpawnerGone if the spawner is."""
-        while not self.pid:
-            ready, _, _ = select.select([self.exit_fd], [], [], SPAWNER_ANSWER_SECONDS)
-            if not ready:
-                self.spawner.stop(f"did not answer within {SPAWNER_ANSWER_SECONDS:.0f} s")
-                raise _SpawnerGone
-            more = self._read()
-            if self.error:
-                raise OSError(self.error)
-            if not more and not self.pid:
-                raise _SpawnerGone
-
-    def exit_notice(self) -> bool:
-        if not self._read() and self.returncode is None:
-            # The spawner ended without a word of this hluk: it was killed, so this kills it.
+    def _read(self) -> None:
+        """Read what the status pipe holds, to its end if it has ended."""
+        while not self._ended:
             try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            self.returncode = -signal.SIGKILL
-        return self.returncode is not None
+                data = os.read(self.exit_fd, 4096)
+            except BlockingIOError:
+                return
+            lines = (self._pending + data).split(b"\n")
+            self._pending = lines.pop()
+            for line in lines:
+                kind, value = line[:1], line[1:]
+                if kind == b"p":
+                    self.pid = int(value)
+                elif kind == b"x":
+                    self.error = value.decode(errors="replace")
+                elif kind == b"e":
+                    self.returncode = int(value)
+            if not data:
+                self._ended = True
+        if self._ended and self.returncode is None and not self.error and not self.lost:
+            # The spawner died without a word of this hluk, which outlives it: killed here.
+            self.lost = True
+            if self.pid:
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
-    def poll(self) -> bool:
-        return self.returncode is not None
-
-    def kill(self) -> None:
-        if self.returncode is None:
-            self.spawner.send(b"k\0%d" % self.pid)
-
-    def wait(self) -> int:
-        while self.returncode is None:
-            self.exit_notice()
+    def stop(self, status_needed: bool = True) -> int | None:
+        if not self._stopped:
+            self._stopped = True
+            self._read()
+            if status_needed and self.pid and not self._ended:
+                self.spawner.send(b"k\0%d" % self.pid)
+                poller = select.poll()
+                poller.register(self.exit_fd, self.exit_events)
+                while not self._ended:  # its status comes once it is killed and reaped
+                    poller.poll()
+                    self._read()
+            # A hluk it has not started yet, or whose status no one waits for, the spawner
+            # kills (and reaps) once this end of the status pipe is closed: no message, no
+            # waiting for it here.
+            for fd in (self.stdout, self.stderr, self.exit_fd):
+                os.close(fd)
         return self.returncode
-
-    def close(self) -> None:
-        for fd in (self.stdout, self.stderr, self.exit_fd):
-            os.close(fd)
 
 
 class _Spawner:
@@ -244,7 +260,9 @@ class _Spawner:
         started.wait()
         if problem:
             raise problem[0]
-        ready, _, _ = select.select([self.socket], [], [], SPAWNER_START_SECONDS)
+        poller = select.poll()
+        poller.register(self.socket, select.POLLIN)
+        ready = poller.poll(SPAWNER_START_SECONDS * 1000)
         if not ready or self.socket.recv(16) != b"ready":
             self.alive = False
             assert self.process is not None
@@ -278,54 +296,57 @@ class _Spawner:
         status = self.process.wait()
         if self.alive:
             self.alive = False
-            logger.warning(
-                "verl-hyperlight: the spawner of hluk processes (pid %d) exited with status "
-                "%d; its cases in flight fail as killed and are retried, the next case starts "
-                "another",
+            logger.error(
+                "verl-hyperlight: the spawner of hluk processes (pid %d) died (status %d); "
+                "the hluk it had started were killed with it: their cases are answered "
+                "SandboxError, those whose solution had not started are retried, and the next "
+                "case starts another spawner. Check `dmesg` for the OOM killer or who killed "
+                "it; %s=setpriv starts hluk without spawners",
                 self.process.pid,
                 status,
+                SPAWN_ENV,
             )
 
     def spawn(self, argv: list[str], cwd: str | None, env: dict[str, str]) -> _Spawned:
+        """Ask for hluk to be started; its pid (or why it could not start) comes through the
+        status pipe. _SpawnerGone if the spawner has died."""
         where = os.fsencode(cwd or os.getcwd())  # as subprocess: this process's, by default
         fields = [b"r", where, b"%d" % len(argv), *map(os.fsencode, argv)]
         fields += [os.fsencode(f"{name}={value}") for name, value in env.items()]
+        request = b"\0".join(fields)
         stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
         stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
-        child = _Spawned(self, stdout_r, stderr_r, status_r)
+        sent = [stdout_w, stderr_w, status_w]
         try:
-            descriptors = array.array("i", [stdout_w, stderr_w, status_w])
+            if len(request) > MESSAGE_LIMIT:
+                # Beyond the socket's buffer (about 208 KiB) a message is refused (EMSGSIZE):
+                # a large request (an operator's many VERL_HYPERLIGHT_HLUK_ENV variables)
+                # travels in a memory file instead.
+                sent.append(os.memfd_create("verl-hyperlight-request", os.MFD_CLOEXEC))
+                view = memoryview(request)
+                while view:
+                    view = view[os.write(sent[-1], view) :]
+                request = b"m"
             self.socket.sendmsg(
-                [b"\0".join(fields)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, descriptors)]
+                [request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", sent))]
             )
-        except OSError:
-            child.close()
-            raise _SpawnerGone from None
-        finally:
-            for fd in (stdout_w, stderr_w, status_w):
+        except OSError as exc:
+            for fd in (stdout_r, stderr_r, status_r):
                 os.close(fd)
-        try:
-            child.started()
-        except BaseException:
-            child.close()
+            if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                raise _SpawnerGone from None
             raise
-        return child
+        finally:
+            for fd in sent:
+                os.close(fd)
+        return _Spawned(self, stdout_r, stderr_r, status_r)
 
     def send(self, message: bytes) -> None:
         try:
             self.socket.send(message)
         except OSError:
             pass  # it is gone, and its children with it
-
-    def stop(self, why: str) -> None:
-        """Kill it: the next case starts another. Its socket stays open while a case may still
-        use it (a descriptor closed under another thread could be reused by then)."""
-        if self.alive:
-            self.alive = False
-            logger.warning("verl-hyperlight: the spawner of hluk processes %s; stopped", why)
-        assert self.process is not None
-        self.process.kill()
 
 
 # posix_spawn holds a spawner until the child has exec'd (about 0.5 ms on our machines): one
@@ -424,7 +445,9 @@ def spawn_paths() -> list[str]:
 
 def spawn(argv: list[str], cwd: str | None, env: dict[str, str]) -> Process:
     """Start `argv` in `cwd` with `env` alone, stdin /dev/null, stdout and stderr pipes, in a
-    process group of its own that dies with this process. OSError if it cannot be."""
+    process group of its own that dies with this process. Why it cannot be started is an
+    OSError here, or the process's `error` once it has exited (the spawner's answer comes
+    through its status pipe)."""
     way = _chosen(os.environ.get(SPAWN_ENV))
     if way == "spawner":
         spawner = _current_spawner()
@@ -432,7 +455,8 @@ def spawn(argv: list[str], cwd: str | None, env: dict[str, str]) -> Process:
             try:
                 return spawner.spawn(argv, cwd, env)
             except _SpawnerGone:
-                # This case takes the next way; the next case starts another spawner.
-                spawner.stop("ended before it answered a case")
+                # It died (the thread that owns it says so): this case takes the next way,
+                # the next case starts another spawner.
+                pass
         way = "setpriv"
     return _Popened(argv, cwd, env, way)

@@ -402,10 +402,14 @@ def _cache_unusable(exc: OSError) -> BackendError:
     )
 
 
-def _probe(path: str, guest: Guest, startup_timeout: float) -> _hluk.RawOutcome:
+def _probe(
+    path: str, guest: Guest, startup_timeout: float, stall_timeout: float | None
+) -> _hluk.RawOutcome:
     nonce = secrets.token_hex(16)
     argv = hluk_argv(path, guest, probe_code(nonce), log_level="info")
-    return _hluk.run(argv, nonce, PROBE_RUN_TIMEOUT_SECONDS, startup_timeout)
+    return _hluk.run(
+        argv, nonce, PROBE_RUN_TIMEOUT_SECONDS, startup_timeout, stall_timeout=stall_timeout
+    )
 
 
 def _seconds(name: str, default: float) -> float:
@@ -428,9 +432,13 @@ def _bad_setting(name: str, value: str, default: float) -> None:
 
 def _warm_up(path: str, guest: Guest, restore_within: float | None) -> Warmth:
     """Probe `guest`, held to `restore_within` seconds to start when only a restore is due,
-    else to the warm-up's deadline (a pull and a boot)."""
+    else judged by its progress (a pull and a boot): hung once hluk writes nothing for the
+    start-up deadline outside a pull it announced, and held to the warm-up's deadline in all."""
     warm_up_timeout = _seconds(WARM_UP_TIMEOUT_ENV, WARM_UP_TIMEOUT_SECONDS)
     startup_timeout = warm_up_timeout if restore_within is None else restore_within
+    stall_timeout = None
+    if restore_within is None:
+        stall_timeout = _seconds(_hluk.STARTUP_TIMEOUT_ENV, _hluk.DEFAULT_STARTUP_TIMEOUT)
     _hluk.check_version(path)
     lock = _lock()
     try:
@@ -439,14 +447,23 @@ def _warm_up(path: str, guest: Guest, restore_within: float | None) -> Warmth:
         raise _cache_unusable(exc) from None
     try:
         started = time.monotonic()
-        outcome = _probe(path, guest, startup_timeout)
+        outcome = _probe(path, guest, startup_timeout, stall_timeout)
         if outcome.ending in (_hluk.Ending.NOT_STARTED, _hluk.Ending.KILLED):
             # As a case is: a case of another process that cold-booted at that moment (its
             # view of the cache was stale) may have removed the snapshot being written.
-            outcome = _probe(path, guest, startup_timeout)
+            outcome = _probe(path, guest, startup_timeout, stall_timeout)
     finally:
         lock.release()
     seconds = time.monotonic() - started
+    if outcome.ending is _hluk.Ending.STARTUP_TIMEOUT and outcome.limit == stall_timeout:
+        raise BackendError(
+            f"hluk wrote nothing for {stall_timeout:.0f} s while warming up "
+            f"{guest.image.label}, before its guest started and outside an image pull: it is "
+            f"hung (a boot slower than that needs a larger {_hluk.STARTUP_TIMEOUT_ENV}); run "
+            "`verl-hyperlight warm-up` to see what hluk says, and check the node's load",
+            "warm-up-stalled",
+            persistent=False,
+        )
     if outcome.ending is _hluk.Ending.STARTUP_TIMEOUT and restore_within is None:
         raise BackendError(
             f"warming up {guest.image.label} took more than {warm_up_timeout:.0f} s "

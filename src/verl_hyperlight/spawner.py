@@ -17,7 +17,10 @@ Each message from the worker is one request:
   status pipe is written ``p<pid>`` once it runs, or ``x<message>`` if it could not be
   started, and ``e<status>`` once it has exited (as subprocess gives it: -N for signal N),
   each line ending in a newline, then closed. What it left in its group is killed before it
-  is reaped, while its pid (the group's id) cannot be reused.
+  is reaped, while its pid (the group's id) cannot be reused. A hluk whose status pipe has no
+  reader any more (the case gave up, or needs no status) is killed at once.
+- ``m`` with a fourth descriptor, a memory file holding an ``r`` request too large for one
+  message.
 - ``k\\0PID``: kill PID's group, if PID is a child not yet reaped (so never a reused id).
 """
 
@@ -25,28 +28,33 @@ from __future__ import annotations
 
 import ctypes
 import os
-import selectors
+import select
 import signal
 import socket
 import sys
 
 PR_SET_PDEATHSIG = 1
-MAX_REQUEST = 1 << 20
+# Larger requests come in a memory file (the worker reads this too); one read there is
+# bounded too, far above what execve accepts.
+MESSAGE_LIMIT = 64 * 1024
+MAX_REQUEST = 64 * 1024 * 1024
 DESCRIPTORS = 3
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 
 
-def _tell(status: int, line: bytes) -> None:
-    """Write to a status pipe; a worker that stopped listening is not an error here."""
+def _tell(status: int, line: bytes) -> bool:
+    """Write to a status pipe; False if no one reads it any more."""
     try:
         os.write(status, line)
     except OSError:
-        pass
+        return False
+    return True
 
 
 class Spawner:
     def __init__(self, worker: int) -> None:
         self.children: dict[int, int] = {}  # pid -> its status pipe
+        self.listening: dict[int, int] = {}  # status pipe -> pid, while the case reads it
         self.cwd = b""  # the directory it is in, once it has chdir'd
         signal.signal(signal.SIGTERM, self.end)
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -57,9 +65,9 @@ class Spawner:
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        self.selector = selectors.DefaultSelector()
-        self.selector.register(self.socket, selectors.EVENT_READ)
-        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        self.poller = select.poll()
+        self.poller.register(self.socket, select.POLLIN)
+        self.poller.register(self.wake_r, select.POLLIN)
 
     def end(self, *_: object) -> None:
         """The worker is gone: so is every hluk this started."""
@@ -70,21 +78,29 @@ class Spawner:
     def serve(self) -> None:
         self.socket.send(b"ready")
         while True:
-            for key, _ in self.selector.select():
-                if key.fd == self.wake_r:
+            events = self.poller.poll()
+            # Status pipes whose reader has gone (registered for no event: only that error),
+            # first, while each descriptor is still the pipe that was polled: a reap closes
+            # them and a request makes new ones, which may take their numbers.
+            for fd, _ in events:
+                if fd in self.listening:
+                    self.poller.unregister(fd)
+                    self.kill(self.listening.pop(fd))
+            for fd, _ in events:
+                if fd == self.wake_r:
                     while True:
                         try:
                             os.read(self.wake_r, 4096)
                         except BlockingIOError:
                             break
                     self.reap()
-                elif not self.request():
+                elif fd == self.socket.fileno() and not self.request():
                     self.end()
 
     def request(self) -> bool:
         """Serve one request; False once the socket has ended."""
         message, ancillary, flags, _ = self.socket.recvmsg(
-            MAX_REQUEST, socket.CMSG_SPACE(DESCRIPTORS * 4), socket.MSG_CMSG_CLOEXEC
+            MESSAGE_LIMIT, socket.CMSG_SPACE((DESCRIPTORS + 1) * 4), socket.MSG_CMSG_CLOEXEC
         )
         fds: list[int] = []
         for level, kind, data in ancillary:
@@ -93,6 +109,13 @@ class Spawner:
                 fds += memoryview(data)[:usable].cast("i").tolist()
         if not message:
             return False
+        if message == b"m" and len(fds) == DESCRIPTORS + 1:
+            memory = fds.pop()
+            size = os.fstat(memory).st_size
+            message = os.pread(memory, size, 0) if size <= MAX_REQUEST else b"too large"
+            os.close(memory)
+            if message == b"too large":
+                _tell(fds[2], b"xthe request is larger than %d bytes\n" % MAX_REQUEST)
         fields = message.split(b"\0")
         if fields[0] == b"r" and len(fds) == DESCRIPTORS and not flags & socket.MSG_TRUNC:
             self.run(fields[1:], *fds)
@@ -127,7 +150,11 @@ class Spawner:
             os.close(status)
         else:
             self.children[pid] = status
-            _tell(status, b"p%d\n" % pid)
+            if _tell(status, b"p%d\n" % pid):
+                self.listening[status] = pid
+                self.poller.register(status, 0)
+            else:
+                self.kill(pid)  # the case gave up waiting for it
         finally:
             os.close(stdout)
             os.close(stderr)
@@ -152,6 +179,8 @@ class Spawner:
             _, wait_status = os.waitpid(found.si_pid, 0)
             status = self.children.pop(found.si_pid, None)
             if status is not None:
+                if self.listening.pop(status, None) is not None:
+                    self.poller.unregister(status)
                 _tell(status, b"e%d\n" % os.waitstatus_to_exitcode(wait_status))
                 os.close(status)
 
