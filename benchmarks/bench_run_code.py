@@ -48,7 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from verl_hyperlight import _api, _casedir, _hluk, _spawn, _warmup, run_code
+from verl_hyperlight import _api, _casedir, _console, _hluk, _spawn, _warmup, run_code
 from verl_hyperlight._guest import guest_for, workload_code
 from verl_hyperlight._hluk import hluk_path
 
@@ -301,7 +301,7 @@ STEPS = [
     ("argv (workload code)", _api, "workload_code"),
     ("environment", _hluk, "environment"),
     ("spawn", _hluk, "_spawn"),
-    ("console read + scan", _hluk._Console, "read"),
+    ("console read + scan", _console.Console, "read"),
     ("stop (kill, reap, close)", _spawn._Spawned, "stop"),
     ("decide", _hluk, "_decide"),
     ("response", _api, "from_outcome"),

@@ -12,7 +12,7 @@ import pytest
 from conftest import STANDIN
 from hostside import KVM_FAILURE, Host, fail_with
 
-from verl_hyperlight import _hluk, _spawn, doctor
+from verl_hyperlight import _diagnosis, _spawn, doctor
 from verl_hyperlight.cli import main
 
 
@@ -55,7 +55,7 @@ def test_a_missing_hluk_fails_with_the_installer_line(
     status, found = run_doctor(capsys)
     assert status == 1
     assert found["hluk"]["status"] == "fail"
-    assert found["hluk"]["fix"] == _hluk.INSTALL_COMMAND
+    assert found["hluk"]["fix"] == _diagnosis.INSTALL_COMMAND
     assert "raw.githubusercontent.com/hyperlight-dev/hyperlight-unikraft" in found["hluk"]["fix"]
     assert "case" not in found  # nothing to run a case with
 

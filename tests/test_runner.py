@@ -554,14 +554,14 @@ def as_a_console_passes_it(frames: bytes, noise: bytes) -> bytes:
 def test_the_hosts_parser_reads_what_the_runner_writes(
     output_case: runner._Case, tmp_path: Path, read_size: int
 ) -> None:
-    from verl_hyperlight import _hluk
+    from verl_hyperlight import _console
 
     (tmp_path / "stdout").write_bytes(b"\xce\xbbx\n")
     (tmp_path / "stderr").write_bytes(b"err")
     start = runner.protocol.frame(output_case.nonce, runner.protocol.START)
     output_case.finish(4)
     frames = start + (tmp_path / "console").read_bytes()
-    console = _hluk._Console(output_case.nonce.decode())
+    console = _console.Console(output_case.nonce.decode())
     stream = as_a_console_passes_it(frames, b"hl_driver: noise 00 end 0 0 - 0 0")
     for offset in range(0, len(stream), read_size):
         console.feed(stream[offset : offset + read_size])
@@ -573,10 +573,10 @@ def test_the_hosts_parser_reads_what_the_runner_writes(
 
 
 def test_frames_of_another_nonce_or_malformed_are_not_the_runners() -> None:
-    from verl_hyperlight import _hluk
+    from verl_hyperlight import _console
 
     nonce = "ab" * 16
-    console = _hluk._Console(nonce)
+    console = _console.Console(nonce)
     frame = runner.protocol.frame
     console.feed(frame(nonce.encode(), runner.protocol.START))
     console.feed(frame(b"cd" * 16, runner.protocol.END, b"0", b"0.1", b"-", b"0", b"0"))

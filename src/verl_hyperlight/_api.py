@@ -16,10 +16,10 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
-from . import _casedir, _guest_pytest, _hluk, _warmup
+from . import _casedir, _diagnosis, _guest_pytest, _hluk, _warmup
 from ._errors import ZEROES_REWARDS, BackendError, InvalidRequest, Refused
 from ._guest import Guest, guest_for, hluk_argv, workload_code
-from ._hluk import Verdict
+from ._outcome import RawOutcome, Verdict
 from ._response import Response, from_outcome, sandbox_error, time_limit_exceeded
 from .guest import protocol
 
@@ -241,7 +241,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
     case_dir = _casedir.make(_casedir.files_of(case.code, case.stdin, case.files, case.fetch))
     parent, mount = case_dir.parent, case_dir.mount(CASE_MOUNT)
 
-    def attempt() -> _hluk.RawOutcome:
+    def attempt() -> RawOutcome:
         nonce = secrets.token_hex(16)
         argv = hluk_argv(path, case.guest, workload_code(CASE_MOUNT, nonce), mount=mount)
         return _hluk.run(argv, nonce, case.run_timeout, startup_timeout, cwd=parent, cancel=cancel)
@@ -255,7 +255,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
             raise Refused(outcome.refusal)
         if verdict is Verdict.CANCELLED:
             raise Refused("the case was cancelled before it ended")
-        raise _hluk.failure(outcome, path)
+        raise _diagnosis.failure(outcome, path)
     finally:
         case_dir.remove()
 

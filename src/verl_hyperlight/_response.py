@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from ._hluk import Ending, RawOutcome
+from ._outcome import Ending, RawOutcome
 from .guest.protocol import FILE_LEFT_OUT, FILES_OUT_LIMIT, OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
 
 Response = dict[str, Any]

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import _hluk
+from . import _diagnosis, _hluk, _outcome
 from ._errors import ZEROES_REWARDS, BackendError, FailingFast
 from ._guest import Guest, hluk_argv, probe_code
 
@@ -139,17 +139,17 @@ class Gate:
         self.answered_at_once = 0  # cases (not readiness checks) since the gate opened
 
     def run_case(
-        self, attempt: Callable[[], _hluk.RawOutcome], startup_timeout: float
-    ) -> _hluk.RawOutcome:
+        self, attempt: Callable[[], _outcome.RawOutcome], startup_timeout: float
+    ) -> _outcome.RawOutcome:
         """Run one case's hluk run, `attempt`, through the gate: pass it first (BackendError,
         at once while it is open), report what the run showed, and run it once more when it
         failed before the guest started (nothing of the solution ran), after the probe that
         such a failure calls for. The last run's outcome."""
         outcome = self._attempt(attempt, startup_timeout)
-        if outcome.verdict is _hluk.Verdict.BACKEND_BEFORE_START:
+        if outcome.verdict is _outcome.Verdict.BACKEND_BEFORE_START:
             logger.warning(
                 "verl-hyperlight: retrying a case that did not start: %s",
-                _hluk.failure(outcome, self.path),
+                _diagnosis.failure(outcome, self.path),
             )
             outcome = self._attempt(attempt, startup_timeout)
         return outcome
@@ -163,8 +163,8 @@ class Gate:
         return self._pass(startup_timeout, case=False)
 
     def _attempt(
-        self, attempt: Callable[[], _hluk.RawOutcome], startup_timeout: float
-    ) -> _hluk.RawOutcome:
+        self, attempt: Callable[[], _outcome.RawOutcome], startup_timeout: float
+    ) -> _outcome.RawOutcome:
         self._pass(startup_timeout, case=True)
         outcome = attempt()
         self._record_run(outcome.verdict)
@@ -235,16 +235,16 @@ class Gate:
             self._record_probe_success(cache)
         return warmth
 
-    def _record_run(self, verdict: _hluk.Verdict) -> None:
+    def _record_run(self, verdict: _outcome.Verdict) -> None:
         """What a case's hluk run showed of the backend."""
         with self._lock:
-            if verdict is _hluk.Verdict.BACKEND_BEFORE_START:
+            if verdict is _outcome.Verdict.BACKEND_BEFORE_START:
                 # The snapshot may have gone (`hluk cache clean`, concurrent cold boots broke it),
                 # or hluk may have stopped starting guests: the next case probes first.
                 self.failures_in_a_row += 1
                 if self.state is State.CLOSED:
                     self._move(State.SUSPECT)
-            elif verdict is not _hluk.Verdict.CANCELLED and self.failure is None:
+            elif verdict is not _outcome.Verdict.CANCELLED and self.failure is None:
                 # The guest started (or the runner in it refused the case): hluk starts it. An
                 # open gate keeps the count that opened it (its answers say it) until a probe.
                 self.failures_in_a_row = 0
@@ -404,7 +404,7 @@ def _cache_unusable(exc: OSError) -> BackendError:
 
 def _probe(
     path: str, guest: Guest, startup_timeout: float, stall_timeout: float | None
-) -> _hluk.RawOutcome:
+) -> _outcome.RawOutcome:
     nonce = secrets.token_hex(16)
     argv = hluk_argv(path, guest, probe_code(nonce), log_level="info")
     return _hluk.run(
@@ -448,14 +448,14 @@ def _warm_up(path: str, guest: Guest, restore_within: float | None) -> Warmth:
     try:
         started = time.monotonic()
         outcome = _probe(path, guest, startup_timeout, stall_timeout)
-        if outcome.ending in (_hluk.Ending.NOT_STARTED, _hluk.Ending.KILLED):
+        if outcome.ending in (_outcome.Ending.NOT_STARTED, _outcome.Ending.KILLED):
             # As a case is: a case of another process that cold-booted at that moment (its
             # view of the cache was stale) may have removed the snapshot being written.
             outcome = _probe(path, guest, startup_timeout, stall_timeout)
     finally:
         lock.release()
     seconds = time.monotonic() - started
-    if outcome.ending is _hluk.Ending.STARTUP_TIMEOUT and outcome.limit == stall_timeout:
+    if outcome.ending is _outcome.Ending.STARTUP_TIMEOUT and outcome.limit == stall_timeout:
         raise BackendError(
             f"hluk wrote nothing for {stall_timeout:.0f} s while warming up "
             f"{guest.image.label}, before its guest started and outside an image pull: it is "
@@ -464,15 +464,15 @@ def _warm_up(path: str, guest: Guest, restore_within: float | None) -> Warmth:
             "warm-up-stalled",
             persistent=False,
         )
-    if outcome.ending is _hluk.Ending.STARTUP_TIMEOUT and restore_within is None:
+    if outcome.ending is _outcome.Ending.STARTUP_TIMEOUT and restore_within is None:
         raise BackendError(
             f"warming up {guest.image.label} took more than {warm_up_timeout:.0f} s "
             f"({WARM_UP_TIMEOUT_ENV}): check the node's network to the image registry and "
             "hluk's cache",
             "warm-up-timeout",
         )
-    if outcome.ending is not _hluk.Ending.FINISHED:
-        raise _hluk.failure(outcome, path)
+    if outcome.ending is not _outcome.Ending.FINISHED:
+        raise _diagnosis.failure(outcome, path)
     if outcome.restored is False:
         logger.info("%s warmed up in %.1f s (pull and snapshot)", guest.image.label, seconds)
     else:

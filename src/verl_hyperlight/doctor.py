@@ -20,7 +20,7 @@ import time
 from collections.abc import Generator, Iterator
 from dataclasses import asdict, dataclass
 
-from . import _hluk, _spawn, _warmup
+from . import _diagnosis, _hluk, _spawn, _warmup
 from ._api import run_code
 from ._errors import BackendError, InvalidRequest
 from ._guest import guest_for
@@ -100,10 +100,14 @@ def _hluk_checks() -> Generator[Check, None, str | None]:
     try:
         path = _hluk.hluk_path()
     except BackendError:
-        yield fail("hluk", "not found on PATH, and HLUK_PATH is not set", _hluk.INSTALL_COMMAND)
+        yield fail(
+            "hluk", "not found on PATH, and HLUK_PATH is not set", _diagnosis.INSTALL_COMMAND
+        )
         return None
     if not os.path.exists(path):
-        yield fail("hluk", f"{path} does not exist", f"{_hluk.INSTALL_COMMAND}, or fix HLUK_PATH")
+        yield fail(
+            "hluk", f"{path} does not exist", f"{_diagnosis.INSTALL_COMMAND}, or fix HLUK_PATH"
+        )
         return None
     if os.path.isdir(path) or not os.access(path, os.X_OK):
         yield fail("hluk", f"{path} is not executable", f"chmod +x {path}")
@@ -119,7 +123,7 @@ def _hluk_checks() -> Generator[Check, None, str | None]:
     try:
         version = _hluk.check_version(path)
     except BackendError as exc:
-        yield fail("hluk", str(exc), f"{_hluk.INSTALL_COMMAND} (0.19.0 or later)")
+        yield fail("hluk", str(exc), f"{_diagnosis.INSTALL_COMMAND} (0.19.0 or later)")
         return None
     yield ok("hluk", f"hluk {version} at {path}")
     return path
