@@ -191,9 +191,11 @@ ATTACKS = {
         "print('real')\n",
         SUCCESS_REAL,
     ),
+    # A spin that allocates nothing: a growing list would exhaust the guest's memory before
+    # run_timeout on a fast machine, and end as an out-of-memory kill instead of a timeout.
     "leaves a non-daemon thread spinning": Attack(
-        "import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)]).start()\n"
-        "print('real')\n",
+        "import threading\ndef spin():\n    while True:\n        pass\n"
+        "threading.Thread(target=spin).start()\nprint('real')\n",
         Expect("Failed", "TimeLimitExceeded", None, ""),
         run_timeout=1,
     ),
