@@ -152,6 +152,44 @@ def test_a_guest_death_is_answered_when_hluk_exits_though_a_descendant_holds_its
     assert wait_for(lambda: not processes_with(marker)), processes_with(marker)
 
 
+# A hluk double that answers a case at once, then closes its pipes and lingers (as a hluk
+# tearing a micro-VM down does, for however long that takes), its pid in PID_FILE.
+LINGERING_HLUK = """#!/bin/sh
+if [ "$1" = --version ]; then echo "hluk 0.19.0"; exit 0; fi
+for last; do :; done
+nonce=${last%\\')}; nonce=${nonce##*\\'}
+case "$last" in
+  *probe*) printf '\\r\\n%s start\\r\\n\\r\\n%s end 0 0.0 - 0 0 -\\r\\n\\r\\n%s done\\r\\n' \\
+    "$nonce" "$nonce" "$nonce" ;;
+  *) printf '\\r\\n%s start\\r\\n\\r\\n%s end 0 0.0001 - 3 0 -\\r\\n\\r\\n%s stdout b2sK\\r\\n' \\
+    "$nonce" "$nonce" "$nonce"
+    printf '\\r\\n%s done\\r\\n' "$nonce"
+    echo $$ >> "$PID_FILE"
+    exec >&- 2>&-
+    exec sleep 30 ;;
+esac
+"""
+
+
+def test_no_hluk_outlives_its_case_though_it_lingers_after_the_report(
+    host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
+) -> None:
+    # A worker must never hold more micro-VMs than it runs cases: each hluk is gone (killed,
+    # reaped) when run_code returns, even one whose report is whole and pipes closed.
+    double = tmp_path / "lingering-hluk"
+    double.write_text(LINGERING_HLUK)
+    double.chmod(0o755)
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("HLUK_PATH", str(double))
+    monkeypatch.setenv("PID_FILE", str(pids))
+    monkeypatch.setenv("VERL_HYPERLIGHT_HLUK_ENV", "PID_FILE")
+    for _ in range(10):
+        response = run("print('ok')")
+        assert result(response)[:4] == ("Success", "Finished", 0, "ok\n")
+        pid = int(pids.read_text().split()[-1])
+        assert not os.path.exists(f"/proc/{pid}"), "hluk outlived its case"
+
+
 # A worker holding more than 1,024 descriptors (a server with a full queue on a large node):
 # every descriptor of its cases is numbered above 1,023, past what select(2) can watch.
 CROWDED_WORKER = """

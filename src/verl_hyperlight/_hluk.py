@@ -341,7 +341,7 @@ def run(
                 break
     finally:
         # Whatever ended the loop, nothing of this group outlives the call.
-        status = proc.stop(status_needed=not console.done)
+        status = proc.stop()
     if proc.error:
         raise _diagnosis.cannot_start(argv[0], proc.error)
     if proc.lost and stopped is None:

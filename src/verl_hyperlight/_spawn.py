@@ -76,10 +76,10 @@ class Process(Protocol):
     def exited(self) -> bool:
         """exit_fd was readable: whether hluk has now exited, could not start, or is lost."""
 
-    def stop(self, status_needed: bool = True) -> int | None:
+    def stop(self) -> int | None:
         """Kill its process group unless it has been reaped, have it reaped, close its
-        descriptors; once. Its status as subprocess gives it (-N: killed by signal N); None
-        when not known: lost, not started, or not waited for (`status_needed` false)."""
+        descriptors; once: nothing of its group outlives the call. Its status as subprocess
+        gives it (-N: killed by signal N); None when not known: lost, or not started."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -149,7 +149,7 @@ class _Popened:
     def exited(self) -> bool:
         return True
 
-    def stop(self, status_needed: bool = True) -> int | None:
+    def stop(self) -> int | None:
         if self._stopped:
             return self.popen.returncode
         self._stopped = True
@@ -222,20 +222,22 @@ class _Spawned:
                 except OSError:
                     pass
 
-    def stop(self, status_needed: bool = True) -> int | None:
+    def stop(self) -> int | None:
         if not self._stopped:
             self._stopped = True
             self._read()
-            if status_needed and self.pid and not self._ended:
+            if self.pid and not self._ended:
+                # Waited for even when the runner's report is whole and hluk is on its way out:
+                # returning first would let a worker run more micro-VMs than max_concurrent
+                # for as long as the spawner takes to kill and reap this one.
                 self.spawner.send(b"k\0%d" % self.pid)
                 poller = select.poll()
                 poller.register(self.exit_fd, self.exit_events)
                 while not self._ended:  # its status comes once it is killed and reaped
                     poller.poll()
                     self._read()
-            # A hluk it has not started yet, or whose status no one waits for, the spawner
-            # kills (and reaps) once this end of the status pipe is closed: no message, no
-            # waiting for it here.
+            # A hluk it has not started yet (its case gave up waiting), the spawner kills (and
+            # reaps) once this end of the status pipe is closed: no message, no waiting here.
             for fd in (self.stdout, self.stderr, self.exit_fd):
                 os.close(fd)
         return self.returncode
