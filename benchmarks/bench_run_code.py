@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import base64
 import functools
+import importlib
 import os
 import resource
 import secrets
@@ -45,12 +46,25 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from verl_hyperlight import _api, _casedir, _console, _hluk, _spawn, _warmup, run_code
+from verl_hyperlight import _api, _hluk, _spawn, _warmup, run_code
 from verl_hyperlight._guest import guest_for, workload_code
 from verl_hyperlight._hluk import hluk_path
+
+# Modules an older checkout, measured as the baseline with PYTHONPATH, may not have.
+_casedir = (
+    importlib.import_module("verl_hyperlight._casedir")
+    if find_spec("verl_hyperlight._casedir")
+    else None
+)
+_console = (
+    importlib.import_module("verl_hyperlight._console")
+    if find_spec("verl_hyperlight._console")
+    else None
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "standin" / "hluk"
@@ -59,6 +73,7 @@ STDIN = " ".join(str(i) for i in range(1000)) + "\n"
 EXPECTED = f"{sum(range(1000))}\n"
 URL = "hyperlight://"
 MEMORY_MB = 1024
+CASE_DIR_ENV = "VERL_HYPERLIGHT_CASE_DIR"
 CONCURRENCIES = (1, 8, 64)
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -279,13 +294,13 @@ def in_tmpdir(scratch: Path, cases: int, path: str) -> None:
     they were by default before the tmpfs: on a journaled file system (ext4, xfs) making and
     removing them costs several times a tmpfs's."""
     case_dirs = tempfile.mkdtemp(prefix="verl-hyperlight-bench-")
-    os.environ[_casedir.CASE_DIR_ENV] = case_dirs
+    os.environ[CASE_DIR_ENV] = case_dirs
     try:
         orchestration(
             scratch, cases, [path], "as the instant table, case directories in TMPDIR", (1, 8, 64)
         )
     finally:
-        del os.environ[_casedir.CASE_DIR_ENV]
+        del os.environ[CASE_DIR_ENV]
         shutil.rmtree(case_dirs, ignore_errors=True)
 
 
@@ -294,14 +309,14 @@ STEPS = [
     ("validate the request", _api, "_validate"),
     ("case directory", _casedir, "make"),
     ("case files", _casedir, "_write_case"),
-    ("cleaner bookkeeping", _casedir._janitor, "tell"),
+    ("cleaner bookkeeping", getattr(_casedir, "_janitor", None), "tell"),
     ("warm-up gate", _warmup.Gate, "_pass"),
     ("gate: record the run", _warmup.Gate, "_record_run"),
     ("argv (guest args)", _api.Guest, "args"),
     ("argv (workload code)", _api, "workload_code"),
     ("environment", _hluk, "environment"),
     ("spawn", _hluk, "_spawn"),
-    ("console read + scan", _console.Console, "read"),
+    ("console read + scan", getattr(_console, "Console", None), "read"),
     ("stop (kill, reap, close)", _spawn._Spawned, "stop"),
     ("decide", _hluk, "_decide"),
     ("response", _api, "from_outcome"),
