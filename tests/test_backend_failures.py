@@ -177,6 +177,26 @@ def test_a_guest_that_never_starts_is_a_sandbox_error_distinct_from_a_timeout(
     assert len(host.warm_ups()) == 1 + 1
 
 
+def test_retries_are_said_once_per_cause_then_at_every_power_of_ten(
+    host: Host,
+    monkeypatch: pytest.MonkeyPatch,
+    fail_file: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A stall that a whole batch meets must not write a line per case: twelve cases, each
+    # failing to start once and answered on its retry.
+    caplog.set_level(logging.WARNING, logger="verl_hyperlight")
+    run("pass")
+    for n in range(12):
+        fail_with(monkeypatch, fail_file, "failed to restore snapshot: interrupted", 1)
+        assert result(run(f"print({n})"))[:4] == ("Success", "Finished", 0, f"{n}\n")
+    said = [r.getMessage() for r in caplog.records if "did not start" in r.getMessage()]
+    assert len(said) == 2, said
+    assert said[0].startswith("verl-hyperlight: retrying a case that did not start: ")
+    assert said[1].startswith("verl-hyperlight: 10 cases that did not start retried so far")
+    assert all("failed to restore snapshot: interrupted" in line for line in said)
+
+
 @pytest.mark.parametrize("stage", ["warm-up", "case"])
 def test_each_cause_is_logged_at_error_once_per_process_then_counted(
     host: Host,

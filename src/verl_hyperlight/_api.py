@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 from . import _casedir, _diagnosis, _guest_pytest, _hluk, _warmup
-from ._errors import ZEROES_REWARDS, BackendError, InvalidRequest, Refused
+from ._errors import ZEROES_REWARDS, BackendError, InvalidRequest, Refused, worth_logging
 from ._guest import Guest, guest_for, hluk_argv, workload_code
 from ._outcome import RawOutcome, Verdict
 from ._response import Response, from_outcome, sandbox_error, time_limit_exceeded
@@ -107,7 +107,7 @@ class _FailureLog:
         count = self.count(cause)
         if count == 1:
             logger.error("verl-hyperlight: %s (%s)", message, consequence, exc_info=error)
-        elif math.log10(count).is_integer():
+        elif worth_logging(count):
             logger.error("verl-hyperlight: %d cases failed so far with: %s", count, message)
 
     def internal(self, error: Exception) -> None:

@@ -1,7 +1,15 @@
 """The package's exceptions. None of them reaches verl: run_code turns each into a value."""
 
+import math
+
 # What a backend failure that lasts costs a training run, said where an operator reads it.
 ZEROES_REWARDS = "every code reward is zero while this lasts"
+
+
+def worth_logging(count: int) -> bool:
+    """Whether the `count`th case of one cause is logged: the first, then every power of ten,
+    so that a long run keeps saying it without a line per case."""
+    return count == 1 or math.log10(count).is_integer()
 
 
 class HyperlightError(Exception):

@@ -32,7 +32,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from . import _diagnosis, _hluk, _outcome
-from ._errors import ZEROES_REWARDS, BackendError, FailingFast
+from ._errors import ZEROES_REWARDS, BackendError, FailingFast, worth_logging
 from ._guest import Guest, hluk_argv, probe_code
 
 logger = logging.getLogger("verl_hyperlight")
@@ -137,6 +137,7 @@ class Gate:
         self.retry_at = 0.0
         self.back_off = 0.0  # the open gate's current back-off
         self.answered_at_once = 0  # cases (not readiness checks) since the gate opened
+        self.retried: dict[str, int] = {}  # cases tried again, by the cause of their failure
 
     def run_case(
         self, attempt: Callable[[], _outcome.RawOutcome], startup_timeout: float
@@ -147,12 +148,27 @@ class Gate:
         such a failure calls for. The last run's outcome."""
         outcome = self._attempt(attempt, startup_timeout)
         if outcome.verdict is _outcome.Verdict.BACKEND_BEFORE_START:
-            logger.warning(
-                "verl-hyperlight: retrying a case that did not start: %s",
-                _diagnosis.failure(outcome, self.path),
-            )
+            self._retrying(_diagnosis.failure(outcome, self.path))
             outcome = self._attempt(attempt, startup_timeout)
         return outcome
+
+    def _retrying(self, failure: BackendError) -> None:
+        """Say that a case is tried again: once per cause, then at every power of ten, as
+        failures are logged (a stall that a batch of 64 meets is one line, not 64)."""
+        with self._lock:
+            count = self.retried[failure.cause] = self.retried.get(failure.cause, 0) + 1
+        if count == 1:
+            logger.warning(
+                "verl-hyperlight: retrying a case that did not start: %s (later retries for "
+                "this cause are counted, and said at every power of ten)",
+                failure,
+            )
+        elif worth_logging(count):
+            logger.warning(
+                "verl-hyperlight: %d cases that did not start retried so far, with: %s",
+                count,
+                failure,
+            )
 
     def ensure_ready(self, startup_timeout: float | None = None) -> Warmth | None:
         """Return once the guest is warm (what a probe found, or None when nothing changed since
