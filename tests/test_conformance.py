@@ -105,43 +105,63 @@ def _feed(fd: int, data: bytes) -> None:
         pass
 
 
+def sandbox_fusion_run(
+    argv: list[str],
+    directory: str,
+    env: dict[str, str],
+    stdin: bytes | None,
+    timeout: float,
+    partial_output: bool = True,
+) -> dict[str, Any]:
+    """Run `argv` in `directory` as Sandbox Fusion runs a program (stdin a pipe written, then
+    closed; none when `stdin` is None; its whole group killed at `timeout`), answered as it
+    answers: status and run_result. A timed-out run keeps the output it had, unless
+    `partial_output` is false."""
+    stdin_read, stdin_write = os.pipe() if stdin is not None else (subprocess.DEVNULL, -1)
+    proc = subprocess.Popen(
+        argv,
+        cwd=directory,
+        stdin=stdin_read,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    feeder = None
+    if stdin is not None:
+        os.close(stdin_read)
+        feeder = threading.Thread(target=_feed, args=(stdin_write, stdin))
+        feeder.start()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        timed_out = True
+    finally:
+        if feeder is not None:
+            feeder.join()
+    kept = partial_output or not timed_out
+    return_code = None if timed_out else proc.returncode
+    return {
+        "status": "Success" if return_code == 0 else "Failed",
+        "run_result": {
+            "status": "TimeLimitExceeded" if timed_out else "Finished",
+            "return_code": return_code,
+            "stdout": _sandbox_fusion_decode(stdout) if kept else "",
+            "stderr": _sandbox_fusion_decode(stderr) if kept else "",
+        },
+    }
+
+
 def reference_run(prog: Program, python: str) -> Shape:
     """Run `prog` with `python` as Sandbox Fusion runs Python, and answer as it answers."""
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "solution.py")
         Path(path).write_bytes(prog.code.encode())
-        stdin_read, stdin_write = os.pipe()
-        proc = subprocess.Popen(
-            [python, path],
-            cwd=directory,
-            stdin=stdin_read,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=CLEAN_ENV,
-            start_new_session=True,
-        )
-        os.close(stdin_read)
-        feeder = threading.Thread(target=_feed, args=(stdin_write, (prog.stdin or "").encode()))
-        feeder.start()
-        try:
-            stdout, stderr = proc.communicate(timeout=prog.run_timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-            timed_out = True
-        finally:
-            feeder.join()
-    return_code = None if timed_out else proc.returncode
-    response = {
-        "status": "Success" if return_code == 0 else "Failed",
-        "run_result": {
-            "status": "TimeLimitExceeded" if timed_out else "Finished",
-            "return_code": return_code,
-            "stdout": _sandbox_fusion_decode(stdout),
-            "stderr": _sandbox_fusion_decode(stderr),
-        },
-    }
+        stdin = (prog.stdin or "").encode()
+        response = sandbox_fusion_run([python, path], directory, CLEAN_ENV, stdin, prog.run_timeout)
     return shape(response, directory, interpreter(python).stdlib)
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import signal
-import subprocess
 import tempfile
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_conformance import REFERENCE_PYTHON, _sandbox_fusion_decode
+from test_conformance import REFERENCE_PYTHON, sandbox_fusion_run
 
 from verl_hyperlight import _guest_pytest, run_code
 from verl_hyperlight.guest import runner
@@ -324,36 +322,16 @@ def reference_run(item: Case, library: str) -> Shape:
             Path(directory, path).write_text(text)
         test_file = os.path.join(directory, TEST_FILE)
         Path(test_file).write_text(item.code)
-        proc = subprocess.Popen(
-            [REFERENCE_PYTHON, script, test_file],
-            cwd=directory,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={
-                "PATH": os.environ.get("PATH", os.defpath),
-                "LANG": "C.UTF-8",
-                "PYTHONPATH": library,
-            },
-            start_new_session=True,
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": library,
+        }
+        argv = [REFERENCE_PYTHON, script, test_file]
+        # On a timeout no partial output, as this package answers one (a documented limit).
+        response = sandbox_fusion_run(
+            argv, directory, env, None, item.run_timeout, partial_output=False
         )
-        try:
-            stdout, stderr = proc.communicate(timeout=item.run_timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-            timed_out = True
-    return_code = None if timed_out else proc.returncode
-    response = {
-        "status": "Success" if return_code == 0 else "Failed",
-        "run_result": {
-            "status": "TimeLimitExceeded" if timed_out else "Finished",
-            "return_code": return_code,
-            "stdout": "" if timed_out else _sandbox_fusion_decode(stdout),
-            "stderr": "" if timed_out else _sandbox_fusion_decode(stderr),
-        },
-    }
     return shape(response, directory)
 
 
