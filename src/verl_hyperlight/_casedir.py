@@ -21,7 +21,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-from ._errors import BackendError
+from ._errors import BackendError, FirstTimes
 from .guest import protocol
 
 logger = logging.getLogger("verl_hyperlight")
@@ -109,19 +109,13 @@ class _Janitor:
 _janitor = _Janitor()
 
 
-class _Warnings:
+class _Warnings(FirstTimes):
     """Why cases leave the tmpfs for TMPDIR, said once per cause per process: a node whose
-    tmpfs is small says so once, not once per case. Per-process state, under a lock."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._said: set[str] = set()
+    tmpfs is small says so once, not once per case."""
 
     def once(self, cause: str, why: str) -> None:
-        with self._lock:
-            if cause in self._said:
-                return
-            self._said.add(cause)
+        if not self.first(cause):
+            return
         logger.warning(
             "verl-hyperlight: %s: case directories go to %s instead. Give the tmpfs "
             "room for max_concurrent cases' stdin and files, or set %s to the directory "

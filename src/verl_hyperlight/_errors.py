@@ -1,6 +1,7 @@
 """The package's exceptions. None of them reaches verl: run_code turns each into a value."""
 
 import math
+import threading
 
 # What a backend failure that lasts costs a training run, said where an operator reads it.
 ZEROES_REWARDS = "every code reward is zero while this lasts"
@@ -10,6 +11,23 @@ def worth_logging(count: int) -> bool:
     """Whether the `count`th case of one cause is logged: the first, then every power of ten,
     so that a long run keeps saying it without a line per case."""
     return count == 1 or math.log10(count).is_integer()
+
+
+class FirstTimes:
+    """The causes seen so far in this process, under a lock: what is said once per cause asks
+    whether this is its cause's first time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+
+    def first(self, cause: str) -> bool:
+        """Whether `cause` is seen for the first time (it is seen from now on)."""
+        with self._lock:
+            if cause in self._seen:
+                return False
+            self._seen.add(cause)
+            return True
 
 
 class HyperlightError(Exception):

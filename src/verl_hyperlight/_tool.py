@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._api import run_code
+from ._errors import FirstTimes
 from ._guest import SCHEME
 
 logger = logging.getLogger("verl_hyperlight")
@@ -267,19 +268,12 @@ class _StartRate:
             cancel.wait(delay)
 
 
-class _Once:
+class _Once(FirstTimes):
     """Messages logged once per process (a backend failure is logged by run_code itself)."""
 
-    def __init__(self) -> None:
-        self.seen: set[str] = set()
-        self.lock = threading.Lock()
-
     def warn(self, key: str, message: str) -> None:
-        with self.lock:
-            if key in self.seen:
-                return
-            self.seen.add(key)
-        logger.warning("verl-hyperlight: %s", message)
+        if self.first(key):
+            logger.warning("verl-hyperlight: %s", message)
 
 
 _once = _Once()
