@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from hostside import Host, children_of, processes_with, result, run, sandbox_error, wait_for
 
-from verl_hyperlight import _hluk, _spawn, _warmup
+from verl_hyperlight import _console, _hluk, _spawn, _warmup
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_run_code.py"
 
@@ -61,27 +61,74 @@ def test_hluk_is_started_by_the_spawner_not_by_the_worker(host: Host, fresh: Non
         thread.join()
 
 
-def test_a_spawner_killed_mid_case_takes_its_hluk_and_the_next_case_starts_another(
-    host: Host, fresh: None, caplog: pytest.LogCaptureFixture
+def assert_the_next_case_starts_another_spawner(dead: int) -> None:
+    # Once the thread that owns the dead spawner has seen it die (a case that finds it gone
+    # before that takes the next way, setpriv or fork, and leaves the slot as it is).
+    assert wait_for(lambda: spawner_pid() != dead or not _spawn._spawners[0].alive)
+    assert result(run("print(1)"))[3] == "1\n"
+    assert spawner_pid() != dead and _spawn._spawners[0].alive
+
+
+def test_a_spawner_killed_before_the_solution_started_is_retried_on_another(
+    host: Host,
+    fresh: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     run("pass")
     first = spawner_pid()
     marker = str(host.tmpdir)  # in hluk's argv: the case directory it mounts
+    hang = tmp_path / "hang"
+    hang.write_text("1")  # the next hluk hangs before its guest boots, until it is killed
+    monkeypatch.setenv("HLUK_STANDIN_HANG_FILE", str(hang))
     answers: list[dict[str, object]] = []
-    code = "import time\ntime.sleep(3)\n"
-    thread = threading.Thread(target=lambda: answers.append(run(code, run_timeout=60)))
+    thread = threading.Thread(target=lambda: answers.append(run("print(5)", run_timeout=60)))
     thread.start()
-    assert wait_for(lambda: processes_with(marker))
+    assert wait_for(lambda: processes_with(marker) and hang.read_text() == "0")
     os.kill(first, signal.SIGKILL)
     thread.join(120)
-    # hluk was killed with it: the case's run failed as a backend failure, and its retry (on
-    # another spawner) ran the solution to its end.
+    # hluk was killed with it before the solution started: the case is retried once, on the
+    # spawner the next run starts, and answers as if nothing had happened.
     assert not thread.is_alive()
     assert wait_for(lambda: len(processes_with(marker)) == 0)
-    assert [result(answer)[:3] for answer in answers] == [("Success", "Finished", 0)]
-    assert spawner_pid() != first
-    assert result(run("print(1)"))[3] == "1\n"
+    assert [result(answer)[:4] for answer in answers] == [("Success", "Finished", 0, "5\n")]
+    assert_the_next_case_starts_another_spawner(first)
     assert any("spawner" in record.getMessage() for record in caplog.records)
+
+
+def test_a_spawner_killed_while_the_solution_ran_takes_its_hluk_and_is_not_retried(
+    host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run("pass")
+    first = spawner_pid()
+    marker = str(host.tmpdir)  # in hluk's argv: the case directory it mounts
+    # The spawner is killed once the host has read the solution's start from the console
+    # (so the test does not depend on how fast a loaded machine gets there).
+    started = threading.Event()
+    frame = _console.Console._frame
+
+    def noting_the_start(self: _console.Console, line: memoryview) -> None:
+        frame(self, line)
+        if self.started:
+            started.set()
+
+    monkeypatch.setattr(_console.Console, "_frame", noting_the_start)
+    answers: list[dict[str, object]] = []
+    code = "import time\ntime.sleep(30)\n"
+    thread = threading.Thread(target=lambda: answers.append(run(code, run_timeout=60)))
+    thread.start()
+    assert started.wait(60)
+    os.kill(first, signal.SIGKILL)
+    thread.join(120)
+    # hluk was killed with it once the solution had started: a sandbox error, not retried
+    # (the solution may have done anything), said plainly; the next case starts a spawner.
+    assert not thread.is_alive()
+    assert wait_for(lambda: len(processes_with(marker)) == 0)
+    assert len(answers) == 1
+    assert "spawner of hluk processes died while the solution ran" in sandbox_error(answers[0])
+    assert len(host.case_runs()) == 2  # the warm one and this one: no retry
+    assert_the_next_case_starts_another_spawner(first)
 
 
 def test_a_spawner_started_by_a_thread_that_ends_outlives_it(host: Host, fresh: None) -> None:
