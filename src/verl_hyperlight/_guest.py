@@ -175,6 +175,11 @@ def workload_code(case_dir: str, nonce: str) -> str:
     return _call("main", case_dir, nonce)
 
 
+def session_code(nonce: str) -> str:
+    """hluk's --exec for a session: run the calls the console's input brings."""
+    return _call("session", nonce)
+
+
 def probe_code(nonce: str) -> str:
     """hluk's --exec for a warm-up: report an empty case through the runner."""
     return _call("probe", nonce)

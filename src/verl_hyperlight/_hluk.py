@@ -14,6 +14,8 @@ fix it, in ``_diagnosis``.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import fcntl
 import math
 import os
 import re
@@ -226,10 +228,10 @@ def final_error(stderr: str) -> str:
     return ""
 
 
-def _spawn(argv: list[str], cwd: str | None) -> _spawn_module.Process:
+def _spawn(argv: list[str], cwd: str | None, stdin: bool = False) -> _spawn_module.Process:
     """Start hluk (see ``_spawn``): in a process group of its own, dying with this process."""
     try:
-        return _spawn_module.spawn(argv, cwd, environment())
+        return _spawn_module.spawn(argv, cwd, environment(), stdin)
     except OSError as exc:
         raise _diagnosis.cannot_start(argv[0], str(exc)) from None
 
@@ -253,15 +255,80 @@ def run(
     must also show progress before the start: a run that writes nothing for that long, other
     than during an image pull it announced, is stopped as not started in time."""
     proc = _spawn(argv, cwd)
-    spawned = last_output = time.monotonic()
-    console = Console(nonce)
     stderr = _Tail(HLUK_STDERR_LIMIT)
-    stopped: Ending | None = None
-    exited = output = False
-    started_at: float | None = None
-    ended_at: float | None = None
-    limit = startup_timeout
-    deadline = spawned + startup_timeout
+    try:
+        watched = _watch(
+            proc, Console(nonce), stderr, run_timeout, startup_timeout, cancel, stall_timeout
+        )
+    finally:
+        # Whatever ended the watch, nothing of this group outlives the call.
+        status = proc.stop()
+    return watched.outcome(argv[0], status, stderr)
+
+
+class _Watched:
+    """One report watched for on a hluk's console: its clocks, and why the watch stopped."""
+
+    def __init__(self, proc: _spawn_module.Process, console: Console) -> None:
+        self.proc = proc
+        self.console = console
+        self.spawned = time.monotonic()
+        self.stopped: Ending | None = None
+        self.exited = False
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.limit = 0.0
+
+    def outcome(self, path: str, status: int | None, stderr: _Tail) -> RawOutcome:
+        """What the run produced; `status` hluk's exit status once it was stopped (None while
+        it runs on: a session's report is whole and its guest waits for the next call)."""
+        proc, console, stopped = self.proc, self.console, self.stopped
+        if proc.error:
+            raise _diagnosis.cannot_start(path, proc.error)
+        if proc.lost and stopped is None:
+            stopped = Ending.SPAWNER_DIED
+        finished = self.ended_at if self.ended_at is not None else time.monotonic()
+        hluk_stderr = stderr.text()
+        hluk_error = final_error(hluk_stderr)
+        hluk_status = None if stopped is not None else status
+        restored = re.findall(r"\brestored=(true|false)\b", hluk_stderr)
+        began = self.started_at if self.started_at is not None else self.spawned
+        return RawOutcome(
+            ending=_decide(console, stopped, hluk_status, hluk_error),
+            started=console.started,
+            end=console.end,
+            stdout=console.stream("stdout"),
+            stderr=console.stream("stderr"),
+            fetched={index: output.view() for index, output in console.files.items()},
+            hluk_status=hluk_status,
+            hluk_error=hluk_error,
+            hluk_stderr=hluk_stderr,
+            preamble=console.preamble(),
+            refusal=console.refusal or "",
+            restored=restored[-1] == "true" if restored else None,
+            host_elapsed=finished - began,
+            limit=self.limit,
+        )
+
+
+def _watch(
+    proc: _spawn_module.Process,
+    console: Console,
+    stderr: _Tail,
+    run_timeout: float,
+    startup_timeout: float,
+    cancel: threading.Event | None = None,
+    stall_timeout: float | None = None,
+    until_done: bool = False,
+) -> _Watched:
+    """Read hluk's console and stderr until the runner's report on `console` is done (and, but
+    `until_done`, hluk has exited), or a limit or `cancel` stops it (see run). `until_done`
+    leaves a session's hluk running once its report is whole."""
+    watched = _Watched(proc, console)
+    last_output = watched.spawned
+    output = False
+    watched.limit = startup_timeout
+    deadline = watched.spawned + startup_timeout
     # poll(2), not epoll: for three descriptors it needs no kernel object made, filled and
     # closed per case; nor select(2), which fails past descriptor 1023.
     poller = select.poll()
@@ -269,104 +336,163 @@ def run(
     for fd in reading:
         poller.register(fd, select.POLLIN)
     poller.register(proc.exit_fd, proc.exit_events)
-    try:
-        while reading or not exited:
-            now = time.monotonic()
-            stall_at = math.inf
-            waiting = started_at is None and reading and not exited
-            if stall_timeout is not None and waiting and not stderr.pulling():
-                stall_at = last_output + stall_timeout
-            if now >= stall_at and now < deadline:
-                assert stall_timeout is not None
-                stopped, limit = Ending.STARTUP_TIMEOUT, stall_timeout
-                break
-            if now >= deadline:
-                if reading and not (exited or console.done):
-                    stopped = (
-                        Ending.STARTUP_TIMEOUT
-                        if started_at is None
-                        else Ending.TIMED_OUT
-                        if ended_at is None
-                        else Ending.COPY_OUT_TIMEOUT
-                    )
-                break
-            if cancel is not None and cancel.is_set():
-                stopped = Ending.CANCELLED
-                break
-            wait = min(deadline, stall_at) - now
-            if cancel is not None:
-                wait = min(wait, CANCEL_POLL_SECONDS)
-            for fd, _ in poller.poll(math.ceil(min(wait, 86400.0) * 1000)):
-                if fd == proc.exit_fd:
-                    if proc.exited():
-                        poller.unregister(fd)
-                        exited = True
-                    continue
-                if fd == proc.stdout:
-                    ended = not console.read(fd)
-                elif chunk := os.read(fd, READ_SIZE):
-                    stderr.add(chunk)
-                    ended = False
-                else:
-                    ended = True
-                if ended:
+    while reading or not watched.exited:
+        now = time.monotonic()
+        stall_at = math.inf
+        waiting = watched.started_at is None and reading and not watched.exited
+        if stall_timeout is not None and waiting and not stderr.pulling():
+            stall_at = last_output + stall_timeout
+        if now >= stall_at and now < deadline:
+            assert stall_timeout is not None
+            watched.stopped, watched.limit = Ending.STARTUP_TIMEOUT, stall_timeout
+            break
+        if now >= deadline:
+            if reading and not (watched.exited or console.done):
+                watched.stopped = (
+                    Ending.STARTUP_TIMEOUT
+                    if watched.started_at is None
+                    else Ending.TIMED_OUT
+                    if watched.ended_at is None
+                    else Ending.COPY_OUT_TIMEOUT
+                )
+            break
+        if cancel is not None and cancel.is_set():
+            watched.stopped = Ending.CANCELLED
+            break
+        wait = min(deadline, stall_at) - now
+        if cancel is not None:
+            wait = min(wait, CANCEL_POLL_SECONDS)
+        for fd, _ in poller.poll(math.ceil(min(wait, 86400.0) * 1000)):
+            if fd == proc.exit_fd:
+                if proc.exited():
                     poller.unregister(fd)
-                    reading.discard(fd)
-                else:
-                    output = True
-            now = time.monotonic()
-            if output:
-                last_output, output = now, False
-            if started_at is None and console.started:
-                started_at, limit = now, run_timeout
-                deadline = started_at + run_timeout
-            if ended_at is None and console.end is not None:
-                # The solution has ended: its clock stops, the copy-out has its own.
-                ended_at, limit = now, _copy_out_budget(console.end)
-                deadline = now + limit
-            if console.done:
-                if not reading:
-                    break  # the whole report, and all hluk said: its exit adds nothing
-                deadline = min(deadline, now + EXIT_GRACE_SECONDS)
-            if exited:
-                deadline = min(deadline, now + DRAIN_SECONDS)
-            elif not reading:
-                # Its pipes have ended, so its exit is on its way: cheaper waited for than
-                # killed.
-                deadline = min(deadline, now + EXIT_NOTICE_SECONDS)
-            if console.total > CONSOLE_LIMIT and not console.done:
-                stopped = Ending.CONSOLE_LIMIT
-                break
-            if console.refusal is not None:
-                break
-    finally:
-        # Whatever ended the loop, nothing of this group outlives the call.
-        status = proc.stop()
-    if proc.error:
-        raise _diagnosis.cannot_start(argv[0], proc.error)
-    if proc.lost and stopped is None:
-        stopped = Ending.SPAWNER_DIED
-    finished = ended_at if ended_at is not None else time.monotonic()
-    hluk_stderr = stderr.text()
-    hluk_error = final_error(hluk_stderr)
-    hluk_status = None if stopped is not None else status
-    restored = re.findall(r"\brestored=(true|false)\b", hluk_stderr)
-    return RawOutcome(
-        ending=_decide(console, stopped, hluk_status, hluk_error),
-        started=console.started,
-        end=console.end,
-        stdout=console.stream("stdout"),
-        stderr=console.stream("stderr"),
-        fetched={index: output.view() for index, output in console.files.items()},
-        hluk_status=hluk_status,
-        hluk_error=hluk_error,
-        hluk_stderr=hluk_stderr,
-        preamble=console.preamble(),
-        refusal=console.refusal or "",
-        restored=restored[-1] == "true" if restored else None,
-        host_elapsed=finished - (started_at if started_at is not None else spawned),
-        limit=limit,
-    )
+                    watched.exited = True
+                continue
+            if fd == proc.stdout:
+                ended = not console.read(fd)
+            elif chunk := os.read(fd, READ_SIZE):
+                stderr.add(chunk)
+                ended = False
+            else:
+                ended = True
+            if ended:
+                poller.unregister(fd)
+                reading.discard(fd)
+            else:
+                output = True
+        now = time.monotonic()
+        if output:
+            last_output, output = now, False
+        if watched.started_at is None and console.started:
+            watched.started_at, watched.limit = now, run_timeout
+            deadline = now + run_timeout
+        if watched.ended_at is None and console.end is not None:
+            # The solution has ended: its clock stops, the copy-out has its own.
+            watched.ended_at, watched.limit = now, _copy_out_budget(console.end)
+            deadline = now + watched.limit
+        if console.done:
+            if not reading or until_done:
+                break  # the whole report, and all hluk said: its exit adds nothing
+            deadline = min(deadline, now + EXIT_GRACE_SECONDS)
+        if watched.exited:
+            deadline = min(deadline, now + DRAIN_SECONDS)
+        elif not reading:
+            # Its pipes have ended, so its exit is on its way: cheaper waited for than
+            # killed.
+            deadline = min(deadline, now + EXIT_NOTICE_SECONDS)
+        if console.total > CONSOLE_LIMIT and not console.done:
+            watched.stopped = Ending.CONSOLE_LIMIT
+            break
+        if console.refusal is not None:
+            break
+    return watched
+
+
+class SessionProcess:
+    """A hluk whose guest runs calls read from its stdin (``runner.session``), one after
+    another, each reported on the console as a case is. Its watch per call is a case's
+    (``_watch``); it stays up between calls, and is stopped by the first call that does not end
+    with a whole report and the guest still running."""
+
+    # Its stdin pipe is made this large, so that a call's request is written at once, whole.
+    PIPE_SIZE = 1024 * 1024
+
+    def __init__(self, argv: list[str]) -> None:
+        self.path = argv[0]
+        self.proc = _spawn(argv, None, stdin=True)
+        self.stderr = _Tail(HLUK_STDERR_LIMIT)
+        self.alive = True
+        assert self.proc.stdin is not None
+        try:
+            fcntl.fcntl(self.proc.stdin, fcntl.F_SETPIPE_SZ, self.PIPE_SIZE)
+        except OSError:
+            pass  # past the system's pipe-max-size: the size it has
+        self.capacity = fcntl.fcntl(self.proc.stdin, fcntl.F_GETPIPE_SZ)
+        os.set_blocking(self.proc.stdin, False)
+
+    def ready(
+        self,
+        nonce: str,
+        startup_timeout: float,
+        cancel: threading.Event | None = None,
+        stall_timeout: float | None = None,
+    ) -> RawOutcome:
+        """Wait for the guest's report that it is ready (the session's nonce): finished when
+        it is, and the process is stopped when it is not."""
+        return self._watch(Console(nonce), math.inf, startup_timeout, cancel, stall_timeout)
+
+    def call(
+        self, nonce: str, request: bytes, run_timeout: float, cancel: threading.Event | None
+    ) -> RawOutcome:
+        """Hand the guest one request (protocol.request_lines, at most `capacity` bytes) and
+        watch for its report. A call whose code does not start within `run_timeout` (the
+        session's earlier code keeps the guest busy) has timed out, as one that runs past it."""
+        assert self.alive and self.proc.stdin is not None
+        try:
+            written = os.write(self.proc.stdin, request)
+        except BlockingIOError:
+            written = 0
+        except OSError:
+            written = -1  # the guest is gone: the watch sees hluk's end
+        if 0 <= written < len(request):
+            # Its earlier input is still unread: the guest is stuck, as past a time limit.
+            self.stop()
+            raise BackendError("the session's guest did not read its input", "session-stuck")
+        outcome = self._watch(Console(nonce), run_timeout, run_timeout, cancel, None)
+        if outcome.ending is Ending.STARTUP_TIMEOUT:
+            outcome = dataclasses.replace(outcome, ending=Ending.TIMED_OUT, started=True)
+        return outcome
+
+    def _watch(
+        self,
+        console: Console,
+        run_timeout: float,
+        startup_timeout: float,
+        cancel: threading.Event | None,
+        stall_timeout: float | None,
+    ) -> RawOutcome:
+        try:
+            watched = _watch(
+                self.proc,
+                console,
+                self.stderr,
+                run_timeout,
+                startup_timeout,
+                cancel,
+                stall_timeout,
+                until_done=True,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        if console.done and not watched.exited and watched.stopped is None:
+            return watched.outcome(self.path, None, self.stderr)
+        return watched.outcome(self.path, self.stop(), self.stderr)
+
+    def stop(self) -> int | None:
+        """End it (once): nothing of its group outlives the call."""
+        self.alive = False
+        return self.proc.stop()
 
 
 def _decide(

@@ -61,6 +61,7 @@ class Process(Protocol):
 
     stdout: int  # descriptors to read
     stderr: int
+    stdin: int | None  # hluk's stdin to write to, when it was asked for (else /dev/null)
     exit_fd: int  # polled for exit_events: then exited() may have something to say
     exit_events: int
 
@@ -109,7 +110,9 @@ class _Popened:
 
     exit_events = select.POLLIN
 
-    def __init__(self, argv: list[str], cwd: str | None, env: dict[str, str], way: str) -> None:
+    def __init__(
+        self, argv: list[str], cwd: str | None, env: dict[str, str], way: str, stdin: bool
+    ) -> None:
         parent = os.getpid()
         command = argv
         preexec: Callable[[], None] | None = lambda: _die_with_parent(parent)  # noqa: E731
@@ -120,7 +123,7 @@ class _Popened:
             command, preexec = [path, "--pdeathsig", "KILL", "--", *argv], None
         self.popen = subprocess.Popen(
             command,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             close_fds=True,
@@ -132,6 +135,7 @@ class _Popened:
         assert self.popen.stdout is not None and self.popen.stderr is not None
         self.out, self.err = self.popen.stdout, self.popen.stderr
         self.stdout, self.stderr = self.out.fileno(), self.err.fileno()
+        self.stdin = self.popen.stdin.fileno() if self.popen.stdin is not None else None
         self.error = ""
         self.lost = False
         self._stopped = False
@@ -163,6 +167,8 @@ class _Popened:
         status = self.popen.wait()
         self.out.close()
         self.err.close()
+        if self.popen.stdin is not None:
+            self.popen.stdin.close()
         os.close(self.exit_fd)
         return status
 
@@ -178,9 +184,12 @@ class _Spawned:
 
     exit_events = 0
 
-    def __init__(self, spawner: _Spawner, stdout: int, stderr: int, status: int) -> None:
+    def __init__(
+        self, spawner: _Spawner, stdout: int, stderr: int, status: int, stdin: int | None
+    ) -> None:
         self.spawner = spawner
         self.stdout, self.stderr, self.exit_fd = stdout, stderr, status
+        self.stdin = stdin
         os.set_blocking(status, False)
         self.pid = 0
         self.error = ""
@@ -238,8 +247,9 @@ class _Spawned:
                     self._read()
             # A hluk it has not started yet (its case gave up waiting), the spawner kills (and
             # reaps) once this end of the status pipe is closed: no message, no waiting here.
-            for fd in (self.stdout, self.stderr, self.exit_fd):
-                os.close(fd)
+            for fd in (self.stdout, self.stderr, self.exit_fd, self.stdin):
+                if fd is not None:
+                    os.close(fd)
         return self.returncode
 
 
@@ -309,9 +319,9 @@ class _Spawner:
                 SPAWN_ENV,
             )
 
-    def spawn(self, argv: list[str], cwd: str | None, env: dict[str, str]) -> _Spawned:
-        """Ask for hluk to be started; its pid (or why it could not start) comes through the
-        status pipe. _SpawnerGone if the spawner has died."""
+    def spawn(self, argv: list[str], cwd: str | None, env: dict[str, str], stdin: bool) -> _Spawned:
+        """Ask for hluk to be started (with a pipe to its stdin if `stdin`); its pid (or why it
+        could not start) comes through the status pipe. _SpawnerGone if the spawner has died."""
         where = os.fsencode(cwd or os.getcwd())  # as subprocess: this process's, by default
         fields = [b"r", where, b"%d" % len(argv), *map(os.fsencode, argv)]
         fields += [os.fsencode(f"{name}={value}") for name, value in env.items()]
@@ -320,6 +330,10 @@ class _Spawner:
         stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         sent = [stdout_w, stderr_w, status_w]
+        stdin_w = None
+        if stdin:
+            stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+            sent.append(stdin_r)
         try:
             if len(request) > MESSAGE_LIMIT:
                 # Beyond the socket's buffer (about 208 KiB) a message is refused (EMSGSIZE):
@@ -334,15 +348,16 @@ class _Spawner:
                 [request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", sent))]
             )
         except OSError as exc:
-            for fd in (stdout_r, stderr_r, status_r):
-                os.close(fd)
+            for fd in (stdout_r, stderr_r, status_r, stdin_w):
+                if fd is not None:
+                    os.close(fd)
             if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
                 raise _SpawnerGone from None
             raise
         finally:
             for fd in sent:
                 os.close(fd)
-        return _Spawned(self, stdout_r, stderr_r, status_r)
+        return _Spawned(self, stdout_r, stderr_r, status_r, stdin_w)
 
     def send(self, message: bytes) -> None:
         try:
@@ -445,20 +460,20 @@ def spawn_paths() -> list[str]:
     return ["spawner", *(["setpriv"] if setpriv() else []), "fork"]
 
 
-def spawn(argv: list[str], cwd: str | None, env: dict[str, str]) -> Process:
-    """Start `argv` in `cwd` with `env` alone, stdin /dev/null, stdout and stderr pipes, in a
-    process group of its own that dies with this process. Why it cannot be started is an
-    OSError here, or the process's `error` once it has exited (the spawner's answer comes
-    through its status pipe)."""
+def spawn(argv: list[str], cwd: str | None, env: dict[str, str], stdin: bool = False) -> Process:
+    """Start `argv` in `cwd` with `env` alone, stdin /dev/null (a pipe to write to if `stdin`),
+    stdout and stderr pipes, in a process group of its own that dies with this process. Why
+    it cannot be started is an OSError here, or the process's `error` once it has exited (the
+    spawner's answer comes through its status pipe)."""
     way = _chosen(os.environ.get(SPAWN_ENV))
     if way == "spawner":
         spawner = _current_spawner()
         if spawner is not None:
             try:
-                return spawner.spawn(argv, cwd, env)
+                return spawner.spawn(argv, cwd, env, stdin)
             except _SpawnerGone:
                 # It died (the thread that owns it says so): this case takes the next way,
                 # the next case starts another spawner.
                 pass
         way = "setpriv"
-    return _Popened(argv, cwd, env, way)
+    return _Popened(argv, cwd, env, way, stdin)

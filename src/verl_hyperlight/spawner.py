@@ -19,8 +19,10 @@ Each message from the worker is one request:
   each line ending in a newline, then closed. What it left in its group is killed before it
   is reaped, while its pid (the group's id) cannot be reused. A hluk whose status pipe has no
   reader any more (the case gave up, or needs no status) is killed at once.
-- ``m`` with a fourth descriptor, a memory file holding an ``r`` request too large for one
-  message.
+- the same with a fourth descriptor, hluk's stdin (a pipe the worker writes to: a session's
+  requests), in place of /dev/null.
+- ``m`` with one more descriptor, last, a memory file holding an ``r`` request too large for
+  one message.
 - ``k\\0PID``: kill PID's group, if PID is a child not yet reaped (so never a reused id).
 """
 
@@ -100,7 +102,7 @@ class Spawner:
     def request(self) -> bool:
         """Serve one request; False once the socket has ended."""
         message, ancillary, flags, _ = self.socket.recvmsg(
-            MESSAGE_LIMIT, socket.CMSG_SPACE((DESCRIPTORS + 1) * 4), socket.MSG_CMSG_CLOEXEC
+            MESSAGE_LIMIT, socket.CMSG_SPACE((DESCRIPTORS + 2) * 4), socket.MSG_CMSG_CLOEXEC
         )
         fds: list[int] = []
         for level, kind, data in ancillary:
@@ -109,7 +111,7 @@ class Spawner:
                 fds += memoryview(data)[:usable].cast("i").tolist()
         if not message:
             return False
-        if message == b"m" and len(fds) == DESCRIPTORS + 1:
+        if message == b"m" and len(fds) in (DESCRIPTORS + 1, DESCRIPTORS + 2):
             memory = fds.pop()
             size = os.fstat(memory).st_size
             message = os.pread(memory, size, 0) if size <= MAX_REQUEST else b"too large"
@@ -117,7 +119,8 @@ class Spawner:
             if message == b"too large":
                 _tell(fds[2], b"xthe request is larger than %d bytes\n" % MAX_REQUEST)
         fields = message.split(b"\0")
-        if fields[0] == b"r" and len(fds) == DESCRIPTORS and not flags & socket.MSG_TRUNC:
+        whole = not flags & socket.MSG_TRUNC
+        if fields[0] == b"r" and len(fds) in (DESCRIPTORS, DESCRIPTORS + 1) and whole:
             self.run(fields[1:], *fds)
             return True
         if fields[0] == b"k":
@@ -126,7 +129,9 @@ class Spawner:
             os.close(fd)
         return True
 
-    def run(self, request: list[bytes], stdout: int, stderr: int, status: int) -> None:
+    def run(
+        self, request: list[bytes], stdout: int, stderr: int, status: int, stdin: int = -1
+    ) -> None:
         cwd, argc = request[0], int(request[1])
         argv, env = request[2 : 2 + argc], request[2 + argc :]
         try:
@@ -138,7 +143,7 @@ class Spawner:
                 argv,
                 dict(item.split(b"=", 1) for item in env),
                 file_actions=[
-                    (os.POSIX_SPAWN_DUP2, self.devnull, 0),
+                    (os.POSIX_SPAWN_DUP2, self.devnull if stdin < 0 else stdin, 0),
                     (os.POSIX_SPAWN_DUP2, stdout, 1),
                     (os.POSIX_SPAWN_DUP2, stderr, 2),
                 ],
@@ -156,8 +161,9 @@ class Spawner:
             else:
                 self.kill(pid)  # the case gave up waiting for it
         finally:
-            os.close(stdout)
-            os.close(stderr)
+            for fd in (stdout, stderr, stdin):
+                if fd >= 0:
+                    os.close(fd)
 
     def kill(self, pid: int) -> None:
         if pid in self.children:

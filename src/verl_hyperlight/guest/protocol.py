@@ -22,6 +22,14 @@ are lines of their own, marked with a nonce the host chose for the case:
                                 the output and the fetched files, in chunks of at most CHUNK
     <nonce> done                the output is complete
 
+A session (the code tool's notebook, ``runner.session``) keeps one guest up across calls and
+reads each call from the console's input, which hluk hands the guest as text: a request is
+the base64 of a JSON object {"nonce": NONCE, "code": TEXT}, in lines of at most
+REQUEST_LINE characters, then a line holding REQUEST_END. Base64 survives any decoding of the
+input, and its echo (the console echoes what the guest reads) cannot make a frame. Each call
+is reported as a case is, with the call's nonce; the session's own nonce reports, once, that
+it is ready for calls (start, end, done).
+
 This module is loaded into the guest with the runner (it uses nothing outside the standard
 library) and imported by the host, so both sides read the same definitions.
 """
@@ -46,6 +54,11 @@ MAX_FILES = 1000
 # What became of a file to fetch, instead of its size.
 FILE_MISSING = -1  # not a regular file in the guest
 FILE_LEFT_OUT = -2  # past FILES_OUT_LIMIT
+
+# A session's requests: base64 lines this long at most (far below what a terminal holds in a
+# line, 4 KiB), ended by a line of its own.
+REQUEST_LINE = 1024
+REQUEST_END = b"."
 
 SOLUTION = "solution.py"
 STDIN = "stdin"
@@ -116,3 +129,13 @@ def parse_end(fields: list[bytes]) -> End:
     if sum(size for size in files if size > 0) > FILES_OUT_LIMIT:
         raise ValueError("fetched files beyond the limit")
     return End(int(fields[0]), float(fields[1]), None if limit == "-" else limit, sizes, files)
+
+
+def request_lines(nonce: str, code: str) -> bytes:
+    """A session's request as the host writes it to the console's input."""
+    import base64
+    import json
+
+    data = base64.b64encode(json.dumps({"nonce": nonce, "code": code}).encode("utf-8"))
+    lines = [data[i : i + REQUEST_LINE] for i in range(0, len(data), REQUEST_LINE)]
+    return b"\n".join([*lines, REQUEST_END]) + b"\n"

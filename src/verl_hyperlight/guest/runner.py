@@ -92,6 +92,8 @@ _os_open = os.open
 _os_close = os.close
 _os_fstat = os.fstat
 _os_pread = os.pread
+_os_read = os.read
+_os_dup2 = os.dup2
 _path_join = os.path.join
 _b2a_base64 = binascii.b2a_base64
 _builtin_open = builtins.open
@@ -936,3 +938,106 @@ def probe(nonce: str) -> None:
     case.frame(protocol.START)
     case.frame(protocol.END, *protocol.end_fields(protocol.End(0, 0.0, None, (0, 0))))
     case.frame(protocol.DONE)
+
+
+# A session's calls run as notebook cells: this file name, numbered, in their tracebacks.
+CELL_FILENAME = "<cell {}>"
+
+
+def _read_request(requests: int, pending: bytearray) -> dict[str, Any] | None:
+    """The next request on the console's input (protocol.request_lines); None at its end."""
+    pieces: list[bytes] = []
+    while True:
+        newline = pending.find(b"\n")
+        while newline < 0:
+            data = _os_read(requests, 4096)
+            if not data:
+                return None
+            pending += data
+            newline = pending.find(b"\n")
+        line = bytes(pending[:newline]).strip()  # a console may add a carriage return
+        del pending[: newline + 1]
+        if line == protocol.REQUEST_END:
+            request: dict[str, Any] = json.loads(binascii.a2b_base64(b"".join(pieces)))
+            return request
+        if line:
+            pieces.append(line)
+
+
+def _run_cell(case: _Case, source: str, number: int, namespace: dict[str, Any]) -> int:
+    """Run one call's code in the session's namespace, as a notebook runs a cell: an exception
+    is printed as CPython prints one that ends a script (status 1), SystemExit gives its
+    status; neither ends the session."""
+    import linecache
+
+    filename = CELL_FILENAME.format(number)
+    # Registered as a notebook does, so that tracebacks show the cell's lines.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    case.frames_below = _frame_depth(sys._getframe())
+    _patch(case)
+    case.frame(protocol.START)
+    case.started = _monotonic()
+    failures: list[BaseException] = []
+    try:
+        exec(_compile(source.encode("utf-8"), filename), namespace)
+    except BaseException as exc:
+        failures.append(exc)
+    _flush_io()
+    status = _exit_status(failures.pop()) if failures else 0
+    if not _flush_std_files() and status >= 0:
+        status = FLUSH_FAILED_STATUS
+    return status
+
+
+def session(nonce: str) -> None:
+    """Run calls read from the console's input, one after another, in one namespace kept
+    across them (a notebook), each reported as a case with its own nonce, until the input
+    ends. The session's nonce reports that it is ready."""
+    global _case
+    requests, console = _os_dup(0), _os_dup(1)
+    os.makedirs(WORK_DIR, exist_ok=True)
+    os.makedirs(OUTPUT_DIR, exist_ok=True)
+    empty = os.path.join(OUTPUT_DIR, protocol.STDIN)
+    _os_close(_os_open(empty, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+    os.chdir(WORK_DIR)
+    sys.path[:] = [WORK_DIR, *(p for p in sys.path if p not in ("", "."))]
+    sys.argv = [""]
+    module = types.ModuleType("__main__")
+    module.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = module
+    namespace = module.__dict__
+    _reseed()
+    ready = _Case(nonce, console)
+    ready.frame(protocol.START)
+    ready.frame(protocol.END, *protocol.end_fields(protocol.End(0, 0.0, None, (0, 0))))
+    ready.frame(protocol.DONE)
+    pending = bytearray()
+    number = 0
+    while True:
+        request = _read_request(requests, pending)
+        if request is None:
+            return
+        number += 1
+        case = _Case(str(request["nonce"]), console)
+        _case = case
+        # stdin empty, stdout and stderr to the output files, emptied for this call.
+        opened = _os_open(empty, os.O_RDONLY)
+        _os_dup2(opened, 0)
+        _os_close(opened)
+        for fd, (name, path) in enumerate(OUTPUT_PATHS.items(), start=1):
+            opened = _os_open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            _os_dup2(opened, fd)
+            _os_close(opened)
+            case.outputs[name] = _os_open(path, os.O_RDONLY)
+            info = _os_fstat(case.outputs[name])
+            case.output_ids[(info.st_dev, info.st_ino)] = name
+        streams = _std_streams()
+        sys.stdin, sys.stdout, sys.stderr = streams
+        sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams  # type: ignore[misc]
+        limit = _getrecursionlimit()
+        status = _run_cell(case, str(request["code"]), number, namespace)
+        case.finish(status)
+        _unpatch(case)
+        _setrecursionlimit(limit)
+        for fd in case.outputs.values():
+            _os_close(fd)
