@@ -62,6 +62,7 @@ class Console:
         self.refusal: str | None = None
         self.end: protocol.End | None = None
         self.done = False
+        self.last = False  # the done frame said the guest ends next
         self.outputs: dict[str, _Output] = {}
         self.files: dict[int, _Output] = {}
         # Unscanned text that may begin a marker stays at the head of the buffer (_kept bytes)
@@ -158,6 +159,7 @@ class Console:
                 output.add(data)
         elif kind == protocol.DONE and self.end is not None:
             self.done = True
+            self.last = bytes(line[space + 1 :]) == protocol.LAST if space >= 0 else False
 
     def stream(self, name: str) -> memoryview:
         output = self.outputs.get(name)

@@ -485,7 +485,7 @@ class SessionProcess:
         except BaseException:
             self.stop()
             raise
-        if console.done and not watched.exited and watched.stopped is None:
+        if console.done and not (console.last or watched.exited) and watched.stopped is None:
             return watched.outcome(self.path, None, self.stderr)
         return watched.outcome(self.path, self.stop(), self.stderr)
 

@@ -29,15 +29,19 @@ class Notebook:
         # A bad URL or memory limit is the config's error, raised here as run_code's is.
         self.guest: Guest = guest_for(url, memory_limit_mb)
         self.process: _hluk.SessionProcess | None = None
-        self.calls = 0
+        self.calls = 0  # calls run by its current micro-VM
+        self.generation = 0  # micro-VMs started
 
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.alive
 
-    def run(self, code: str, run_timeout: float, cancel: threading.Event | None) -> Response:
+    def run(
+        self, code: str, run_timeout: float, cancel: threading.Event | None
+    ) -> tuple[Response | None, str | None]:
         """Run `code` in the notebook (started first if it is not up), answered as run_code
-        answers; never raises for a failure to run (a SandboxError response instead)."""
+        answers: ``(response, None)``, a backend failure a SandboxError response, or
+        ``(None, error)`` for code that cannot be run as given. Never raises."""
         try:
             data = _api._encode("code", code, _api.MAX_CODE_BYTES)
             path = _hluk.hluk_path()
@@ -52,23 +56,29 @@ class Notebook:
                     f"{self.process.capacity * 3 // 4 // 1024} KiB"
                 )
             outcome = self.process.call(nonce, request, run_timeout, cancel)
+            if outcome.verdict is Verdict.BACKEND_BEFORE_START and self.calls:
+                # Its guest had ended since its last call (a thread of an earlier call ended
+                # it): nothing of this call ran, so it runs in a new notebook.
+                self._start(path, cancel)
+                assert self.process is not None
+                outcome = self.process.call(nonce, request, run_timeout, cancel)
             self.calls += 1
             verdict = outcome.verdict
             if verdict is Verdict.SOLUTIONS:
-                return from_outcome(outcome, run_timeout)
+                return from_outcome(outcome, run_timeout), None
             if verdict is Verdict.CANCELLED:
                 raise Refused("the call was cancelled before it ended")
             raise _diagnosis.failure(outcome, path)
         except InvalidRequest as exc:
-            return sandbox_error(f"Invalid request: {exc}")
+            return None, f"Invalid request: {exc}"
         except Refused as exc:
-            return sandbox_error(str(exc))
+            return sandbox_error(str(exc)), None
         except BackendError as exc:
             _api.failures.backend(exc)
-            return sandbox_error(str(exc))
+            return sandbox_error(str(exc)), None
         except Exception as exc:
             _api.failures.internal(exc)
-            return sandbox_error(f"verl-hyperlight internal error: {exc!r}")
+            return sandbox_error(f"verl-hyperlight internal error: {exc!r}"), None
 
     def _start(self, path: str, cancel: threading.Event | None) -> None:
         startup_timeout = _api._startup_timeout()
@@ -85,6 +95,7 @@ class Notebook:
         outcome = _warmup.gate(path, self.guest).run_case(attempt, startup_timeout)
         if started and outcome.ending is Ending.FINISHED:
             self.process, self.calls = started[-1], 0
+            self.generation += 1
             return
         if outcome.verdict is Verdict.CANCELLED:
             raise Refused("the call was cancelled before it ended")

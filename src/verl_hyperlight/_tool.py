@@ -5,6 +5,11 @@ and the text the model reads back.
 through ``run_code``, the one path a case takes, in a worker thread of the tool's own: at most
 ``num_workers`` at once per process, at most ``max_queue`` more waiting, and, if
 ``rate_limit`` is given, at most that many started per second. No Ray actor is involved.
+
+With ``session: trajectory`` a trajectory's Python calls run in a notebook of its own
+(``_session.Notebook``): one micro-VM kept up across its calls, one call at a time, ended by
+``release`` of the instance it is keyed by, by ``session_idle_timeout`` idle, or by a call that
+does not end cleanly (its time limit). At most ``max_sessions`` are up per process.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 from ._api import run_code
 from ._errors import FirstTimes
 from ._guest import SCHEME
+from ._session import Notebook
 
 logger = logging.getLogger("verl_hyperlight")
 
@@ -33,6 +39,14 @@ NO_STDOUT = "no stdout here"
 # What the model reads when the code could not be run at all: neutral, never our traceback.
 NOT_RUN = "The code could not be run: the sandbox failed (not an error in the code)."
 BUSY = "The code could not be run: too many calls are waiting for the sandbox."
+SESSIONS_FULL = (
+    "The code could not be run: too many notebook sessions are open in the sandbox; "
+    "try again later."
+)
+# Added to the answer of a notebook call that ended its notebook.
+SESSION_ENDED = (
+    "The notebook was restarted: variables, imports and files from earlier calls are gone."
+)
 # Of a failed run's stderr, the end is shown with detailed_errors (a traceback's last lines).
 STDERR_TAIL_CHARS = 2000
 DEFAULT_SCHEMA: dict[str, Any] = {
@@ -55,7 +69,8 @@ KNOWN_KEYS = frozenset(
     [
         "type", "sandbox_fusion_url", "num_workers", "max_queue", "rate_limit",
         "enable_global_rate_limit", "default_timeout", "default_language", "memory_limit_mb",
-        "detailed_errors", "print_last_expression",
+        "detailed_errors", "print_last_expression", "session", "session_idle_timeout",
+        "max_sessions",
     ]
 )  # fmt: skip
 
@@ -103,6 +118,9 @@ class ToolSettings:
     memory_limit_mb: int | None = 1024
     detailed_errors: bool = False
     print_last_expression: bool = False
+    session: bool = False  # `session: trajectory`: a notebook per trajectory
+    session_idle_timeout: float = 300.0
+    max_sessions: int = 4 * 10  # 4 x num_workers by default
 
     @property
     def in_micro_vms(self) -> bool:
@@ -139,6 +157,19 @@ class ToolSettings:
             raise ValueError("code tool config: default_language must be a string")
         timeout = _positive(config, "default_timeout", cls.default_timeout)
         assert timeout is not None
+        session = config.get("session", "none")
+        if session not in ("none", "trajectory", None):
+            raise ValueError(
+                f"code tool config: session must be none or trajectory, not {session!r}"
+            )
+        in_micro_vms = url[: len(SCHEME)].lower() == SCHEME
+        if session == "trajectory" and not in_micro_vms:
+            raise ValueError(
+                "code tool config: session: trajectory needs sandbox_fusion_url hyperlight://; "
+                "a Sandbox Fusion service keeps no state between calls"
+            )
+        idle = _positive(config, "session_idle_timeout", cls.session_idle_timeout)
+        assert idle is not None
         return cls(
             url=url,
             num_workers=num_workers,
@@ -149,6 +180,9 @@ class ToolSettings:
             memory_limit_mb=memory,
             detailed_errors=_flag(config, "detailed_errors"),
             print_last_expression=_flag(config, "print_last_expression"),
+            session=session == "trajectory",
+            session_idle_timeout=idle,
+            max_sessions=_count(config, "max_sessions", 4 * num_workers),
         )
 
 
@@ -213,8 +247,18 @@ def display_last_expression(code: str) -> str:
     return (data[:begin] + shown + data[end:]).decode("utf-8")
 
 
-def answer(response: Response | None, settings: ToolSettings, call: Call) -> str:
-    """The text the model reads back."""
+def answer(
+    response: Response | None, settings: ToolSettings, call: Call, restarted: bool = False
+) -> str:
+    """The text the model reads back; with SESSION_ENDED after it when the call ended its
+    notebook (`restarted`)."""
+    text = _answer(response, settings, call)
+    if restarted:
+        return f"{text}{'' if not text or text.endswith(chr(10)) else chr(10)}{SESSION_ENDED}"
+    return text
+
+
+def _answer(response: Response | None, settings: ToolSettings, call: Call) -> str:
     run = (response or {}).get("run_result") or {}
     stdout, stderr = run.get("stdout") or "", run.get("stderr") or ""
     finished = run.get("status") == "Finished"
@@ -279,6 +323,109 @@ class _Once(FirstTimes):
 _once = _Once()
 
 
+class _Session:
+    """A trajectory's notebook, and what its calls share: one call at a time (`turn`), how
+    many are using it (`users`, under the manager's lock), when it was last used."""
+
+    def __init__(self, notebook: Notebook) -> None:
+        self.notebook = notebook
+        self._turn: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self.users = 0
+        self.last_used = time.monotonic()
+        self.released = False
+
+    def turn(self) -> asyncio.Lock:
+        """The lock its calls take in turn, on the running event loop (a lock belongs to one)."""
+        loop = asyncio.get_running_loop()
+        if self._turn is None or self._turn[0] is not loop:
+            self._turn = (loop, asyncio.Lock())
+        return self._turn[1]
+
+
+class _Sessions:
+    """The process's notebooks, by key (a trajectory's): at most `limit` up; one idle past
+    `idle_timeout` is closed by a sweeping thread (and before a new one is refused)."""
+
+    def __init__(self, settings: ToolSettings) -> None:
+        self.settings = settings
+        self.lock = threading.Lock()
+        self.sessions: dict[str, _Session] = {}
+        self.stopping = threading.Event()
+        self.sweeper: threading.Thread | None = None
+
+    def take(self, key: str) -> _Session | None:
+        """The notebook of `key`, made if it has none (its micro-VM starts with its first
+        call); None when `limit` are up and none can be closed."""
+        with self.lock:
+            session = self.sessions.get(key)
+            if session is None:
+                if len(self.sessions) >= self.settings.max_sessions:
+                    self._close(self._idle(time.monotonic()))
+                if len(self.sessions) >= self.settings.max_sessions:
+                    return None
+                settings = self.settings
+                session = self.sessions[key] = _Session(
+                    Notebook(settings.url, settings.memory_limit_mb)
+                )
+                if self.sweeper is None:
+                    self.sweeper = threading.Thread(
+                        target=self._sweep, name="verl-hyperlight-sessions", daemon=True
+                    )
+                    self.sweeper.start()
+            session.users += 1
+            return session
+
+    def put_back(self, key: str, session: _Session) -> None:
+        with self.lock:
+            session.users -= 1
+            session.last_used = time.monotonic()
+            released = session.released and session.users == 0
+            if released and self.sessions.get(key) is session:
+                del self.sessions[key]
+        if released:
+            session.notebook.close()
+
+    def release(self, key: str) -> None:
+        """End `key`'s notebook, now or once the calls using it are done."""
+        with self.lock:
+            session = self.sessions.get(key)
+            if session is None:
+                return
+            session.released = True
+            if session.users:
+                return
+            del self.sessions[key]
+        session.notebook.close()
+
+    def _idle(self, now: float) -> list[_Session]:
+        """Take out the notebooks idle past the timeout (under the lock)."""
+        expired = [
+            key
+            for key, session in self.sessions.items()
+            if not session.users and now - session.last_used >= self.settings.session_idle_timeout
+        ]
+        return [self.sessions.pop(key) for key in expired]
+
+    @staticmethod
+    def _close(sessions: list[_Session]) -> None:
+        for session in sessions:
+            session.notebook.close()
+
+    def _sweep(self) -> None:
+        period = min(30.0, max(0.05, self.settings.session_idle_timeout / 4))
+        while not self.stopping.wait(period):
+            with self.lock:
+                expired = self._idle(time.monotonic())
+            self._close(expired)
+
+    def close(self) -> None:
+        self.stopping.set()
+        with self.lock:
+            sessions = list(self.sessions.values())
+            self.sessions.clear()
+        self._close(sessions)
+
+
 class CodeRunner:
     """Runs tool calls, bounded: `num_workers` at once, `max_queue` waiting, `rate_limit`
     started per second."""
@@ -292,11 +439,38 @@ class CodeRunner:
         self.rate = _StartRate(settings.rate_limit) if settings.rate_limit else None
         self.lock = threading.Lock()
         self.admitted = 0  # calls running or waiting
+        self.sessions = _Sessions(settings) if settings.session else None
 
-    async def call(self, parameters: Mapping[str, object]) -> tuple[str, dict[str, Any]]:
-        """Run one call; the text for the model and the call's metrics. Never raises for a
-        failure to run: the model reads a neutral text instead."""
+    async def call(
+        self, parameters: Mapping[str, object], session: str | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Run one call (in the notebook of `session`, with `session: trajectory`); the text
+        for the model and the call's metrics. Never raises for a failure to run: the model
+        reads a neutral text instead."""
         call = call_from(parameters, self.settings)
+        if self.sessions is None or session is None or call.language != "python":
+            return await self._admit(call, None)
+        notebook = self.sessions.take(session)
+        if notebook is None:
+            _once.warn(
+                "sessions",
+                f"the code tool had {self.settings.max_sessions} notebook sessions up (none "
+                "idle) and answered a call at once without running it: raise max_sessions, or "
+                "lower session_idle_timeout",
+            )
+            return SESSIONS_FULL, {**metrics(None), "status": "sessions-full"}
+        try:
+            async with notebook.turn():  # a trajectory's calls, one after another
+                return await self._admit(call, notebook)
+        finally:
+            self.sessions.put_back(session, notebook)
+
+    def release(self, session: str) -> None:
+        """End the notebook of `session`, if it has one."""
+        if self.sessions is not None:
+            self.sessions.release(session)
+
+    async def _admit(self, call: Call, session: _Session | None) -> tuple[str, dict[str, Any]]:
         with self.lock:
             if self.admitted >= self.settings.num_workers + self.settings.max_queue:
                 busy = True
@@ -314,19 +488,38 @@ class CodeRunner:
         cancel = threading.Event()
         loop = asyncio.get_running_loop()
         try:
-            response = await loop.run_in_executor(self.executor, self._run, call, cancel)
+            response, restarted = await loop.run_in_executor(
+                self.executor, self._run, call, cancel, session
+            )
         except asyncio.CancelledError:
             cancel.set()  # the trajectory is gone: so is its micro-VM
             raise
-        return answer(response, self.settings, call), metrics(response)
+        found = metrics(response)
+        if session is not None:
+            found["session_restarted"] = restarted
+        return answer(response, self.settings, call, restarted), found
 
-    def _run(self, call: Call, cancel: threading.Event) -> Response | None:
+    def _run(
+        self, call: Call, cancel: threading.Event, session: _Session | None
+    ) -> tuple[Response | None, bool]:
+        """The call's response (None when it could not be run), and whether it ended the
+        notebook it ran in."""
         try:
             if cancel.is_set():
-                return None
+                return None, False
             if self.rate is not None:
                 self.rate.wait(cancel)
-            if self.settings.in_micro_vms:
+            restarted = False
+            if session is not None:
+                notebook = session.notebook
+                before = notebook.generation if notebook.alive else None
+                response, error = notebook.run(call.code, call.timeout, cancel)
+                ran = response is not None and response.get("run_result") is not None
+                # Its state is gone: lost by this call, or found lost when it came.
+                restarted = (ran and not notebook.alive) or (
+                    before is not None and notebook.generation != before
+                )
+            elif self.settings.in_micro_vms:
                 response, error = run_code(
                     self.settings.url,
                     call.code,
@@ -352,13 +545,15 @@ class CodeRunner:
                 # A request the backend refused (a bad config value) or a service that failed:
                 # the same for every call, so said once.
                 _once.warn(str(error)[:80], f"the code tool's call was not run: {error}")
-            return response
+            return response, restarted
         except Exception as exc:  # never into verl's agent loop
             _once.warn(type(exc).__name__, f"the code tool failed to run a call: {exc!r}")
-            return None
+            return None, False
         finally:
             with self.lock:
                 self.admitted -= 1
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.sessions is not None:
+            self.sessions.close()

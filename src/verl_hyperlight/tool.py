@@ -8,6 +8,7 @@ keys and answers as it did (see ``_tool``). The only module of the package that 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from uuid import uuid4
 
@@ -26,8 +27,14 @@ def _call_service(**arguments: Any) -> tuple[Response | None, str | None]:
 
 
 class CodeInterpreterTool(BaseTool):  # type: ignore[misc]
-    """Runs the `code` parameter (and optional `timeout`, `language`) of each call, stateless:
-    every call in a fresh micro-VM (or on the Sandbox Fusion service an http(s) URL names)."""
+    """Runs the `code` parameter (and optional `timeout`, `language`) of each call: by default
+    stateless, every call in a fresh micro-VM (or on the Sandbox Fusion service an http(s) URL
+    names); with `session: trajectory`, a trajectory's calls in one notebook.
+
+    A notebook is keyed by the trajectory's request id when the agent loop passes its
+    `agent_data` (verl 0.9's tool agent loop, which creates and releases an instance around
+    each call), else by the instance: `release` ends a notebook keyed by its instance, and
+    `session_idle_timeout` ends every notebook once its trajectory stops calling."""
 
     def __init__(self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None):
         self.runner = CodeRunner(ToolSettings.from_config(config), _call_service)
@@ -47,11 +54,15 @@ class CodeInterpreterTool(BaseTool):  # type: ignore[misc]
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
     ) -> tuple[ToolResponse, float, dict[str, Any]]:
-        text, metrics = await self.runner.call(parameters)
+        agent_data = kwargs.get("agent_data")
+        trajectory = getattr(agent_data, "request_id", None)
+        session = str(trajectory) if trajectory is not None else instance_id
+        text, metrics = await self.runner.call(parameters, session)
         return ToolResponse(text=text), 0.0, metrics
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         return 0.0
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
-        """Nothing is held between calls: each ran in a micro-VM of its own, gone with it."""
+        """End the notebook keyed by this instance, if any (stateless calls hold nothing)."""
+        await asyncio.to_thread(self.runner.release, instance_id)

@@ -20,7 +20,9 @@ are lines of their own, marked with a nonce the host chose for the case:
                                 the host's clock stops here
     <nonce> stdout BASE64, <nonce> stderr BASE64, <nonce> file INDEX BASE64
                                 the output and the fetched files, in chunks of at most CHUNK
-    <nonce> done                the output is complete
+    <nonce> done [last]         the output is complete; `last` when the guest ends next
+                                (the solution ended its process: os._exit, a signal, the
+                                output limit), which a session's host must not wait for
 
 A session (the code tool's notebook, ``runner.session``) keeps one guest up across calls and
 reads each call from the console's input, which hluk hands the guest as text: a request is
@@ -71,6 +73,7 @@ STDOUT = b"stdout"
 STDERR = b"stderr"
 FILE = b"file"
 DONE = b"done"
+LAST = b"last"
 STREAMS = {STDOUT: "stdout", STDERR: "stderr"}
 # The longest line a frame makes: a file frame (nonce, kind, index and base64 of a full chunk).
 MAX_FRAME_LINE = 128 + (CHUNK + 2) // 3 * 4

@@ -241,9 +241,10 @@ class _Case:
             chunk = _os_pread(fd, min(protocol.CHUNK, size - offset), offset)
             self.frame(kind, *fields, _b2a_base64(chunk, newline=False))
 
-    def finish(self, status: int, limit_hit: str | None = None) -> None:
+    def finish(self, status: int, limit_hit: str | None = None, last: bool = False) -> None:
         """Report the solution's end, then copy its output out; only the first call reports,
-        any later one waits for the micro-VM to end."""
+        any later one waits for the micro-VM to end. `last`: the guest ends once it is
+        reported (said on the done frame, for a session's host)."""
         self.reporting.acquire()
         elapsed = _monotonic() - self.started
         try:
@@ -264,7 +265,7 @@ class _Case:
             for index, (fetch, size) in enumerate(fetched):
                 if fetch is not None:
                     self.copy_out(protocol.FILE, fetch, size, b"%d" % index)
-            self.frame(protocol.DONE)
+            self.frame(protocol.DONE, *([protocol.LAST] if last else []))
         except BaseException:
             # The solution broke what the report needs (closed the console or the output
             # files): the guest ends here, and the host answers the run as its failure.
@@ -327,7 +328,7 @@ class _CappedFile(io.FileIO):
 
 def _stop_for_output_limit(stream: str) -> None:
     assert _case is not None
-    _case.finish(0, stream)
+    _case.finish(0, stream, last=True)
     _os_exit(0)
 
 
@@ -393,7 +394,7 @@ def _exit_now(status: object) -> None:
     with _hidden:
         code = _c_int(status)
     assert _case is not None
-    _case.finish(code & 0xFF)
+    _case.finish(code & 0xFF, last=True)
     _os_exit(code)
 
 
@@ -403,7 +404,7 @@ def _die_by_signal(signum: int) -> None:
     would not deliver the signal, or would end the guest with status signum and its output
     unreported."""
     assert _case is not None
-    _case.finish(-signum)
+    _case.finish(-signum, last=True)
     _os_exit(128 + signum)
 
 
