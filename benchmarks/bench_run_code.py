@@ -102,6 +102,28 @@ def use_standin_unless_configured(scratch: Path) -> str:
     return "the stand-in hluk (tests/standin/hluk)"
 
 
+# A notebook's guest in the double: ready at once, then each call read from stdin (as the
+# runner reads it: base64 lines, then a line of its own) answered EXPECTED at once.
+SESSION_DOUBLE = f"""
+import base64, json, os, sys
+def report(nonce, output=b""):
+    text = base64.b64encode(output).decode()
+    frames = [f"{{nonce}} start", f"{{nonce}} end 0 0.000100 - {{len(output)}} 0 -"]
+    frames += [f"{{nonce}} stdout {{text}}"] if output else []
+    frames.append(f"{{nonce}} done")
+    os.write(1, "".join(f"\\r\\n{{frame}}\\r\\n" for frame in frames).encode())
+report(sys.argv[1])
+pieces = []
+for line in sys.stdin.buffer:
+    line = line.strip()
+    if line == b".":
+        report(json.loads(base64.b64decode(b"".join(pieces)))["nonce"], {EXPECTED.encode()!r})
+        pieces = []
+    elif line:
+        pieces.append(line)
+"""
+
+
 def hluk_double(scratch: Path, busy_loops: int = 0) -> Path:
     """A hluk double that prints the runner's frames for EXPECTED (no guest at all), and an
     empty case's for the warm-up's probe: at once, or after `busy_loops` turns of a shell
@@ -120,6 +142,7 @@ def hluk_double(scratch: Path, busy_loops: int = 0) -> Path:
         "  *main*) printf '\\r\\n%s start\\r\\n"
         f"\\r\\n%s end 0 0.000100 - {len(EXPECTED)} 0 -\\r\\n\\r\\n%s stdout {encoded}\\r\\n"
         '\\r\\n%s done\\r\\n\' "$nonce" "$nonce" "$nonce" "$nonce" ;;\n'
+        f'  *session*) exec {sys.executable} -I -S -c {shlex.quote(SESSION_DOUBLE)} "$nonce" ;;\n'
         "esac\n"
     )
     double.chmod(0o755)

@@ -6,8 +6,12 @@ Each call runs `print(sum(range(1000)))` through the tool's core (``_tool.CodeRu
 with `sandbox_fusion_url: hyperlight://` and once with the URL of a server on a loopback port
 (the tool's HTTP path, through verl's client when verl is installed, else a plain POST of the
 same body). Against the instant hluk double (bench_run_code.instant_hluk: no guest, so the
-figures are the tool's and the server's own cost) and against the stand-in hluk (a real
-Python run per call). Every call is stateless: a fresh micro-VM each.
+figures are the tool's and the server's own cost) and against the stand-in hluk (a real Python
+run per call; a stateless call's figure there is mostly the stand-in's own start of bubblewrap
+and a Python, far more than a real hluk's restore). Stateless calls get a fresh micro-VM each;
+with `session: trajectory` (in-process only: a Sandbox Fusion service keeps no state) each of
+the concurrent calls belongs to a trajectory of its own whose notebook is up (started by a
+first call outside the figures), so a call is one request to a live micro-VM.
 
 Usage: python benchmarks/bench_tool.py [--calls N] [--standin-calls N]
 """
@@ -62,25 +66,32 @@ def service() -> tuple[ServiceCall, str]:
     return call_sandbox_api, "verl's client"
 
 
-def measure(url: str, concurrency: int, calls: int, http: ServiceCall) -> tuple[float, list[float]]:
-    """Calls per second and each call's latency, `concurrency` calls at a time."""
-    settings = ToolSettings.from_config(
-        {"sandbox_fusion_url": url, "num_workers": concurrency, "default_timeout": 30}
-    )
-    runner = CodeRunner(settings, http)
-    asyncio.run(runner.call({"code": CODE}))  # a first call, outside the figures
+def measure(
+    url: str, concurrency: int, calls: int, http: ServiceCall, session: bool = False
+) -> tuple[float, list[float]]:
+    """Calls per second and each call's latency, `concurrency` calls at a time (with
+    `session`, the i-th of each wave in trajectory i's notebook)."""
+    config = {"sandbox_fusion_url": url, "num_workers": concurrency, "default_timeout": 30}
+    if session:
+        config.update(session="trajectory", max_sessions=concurrency)
+    runner = CodeRunner(ToolSettings.from_config(config), http)
 
-    async def timed() -> float:
+    async def timed(trajectory: int) -> float:
         started = time.perf_counter()
-        text, _ = await runner.call({"code": CODE})
+        text, _ = await runner.call({"code": CODE}, f"t{trajectory}" if session else None)
         assert text == EXPECTED, text
         return time.perf_counter() - started
+
+    async def first() -> None:  # outside the figures: a first call, or each notebook's start
+        await asyncio.gather(*(timed(i) for i in range(concurrency if session else 1)))
+
+    asyncio.run(first())
 
     async def batch() -> list[float]:
         latencies: list[float] = []
         for offset in range(0, calls, concurrency):
             wave = min(concurrency, calls - offset)
-            latencies += await asyncio.gather(*(timed() for _ in range(wave)))
+            latencies += await asyncio.gather(*(timed(i) for i in range(wave)))
         return latencies
 
     try:
@@ -94,19 +105,26 @@ def measure(url: str, concurrency: int, calls: int, http: ServiceCall) -> tuple[
 def table(label: str, calls: int, base: str, http: ServiceCall) -> None:
     print(f"\n{label}, {calls} calls per figure")
     print(f"{'':14}{'calls/s':>9}{'p50 ms':>9}{'p99 ms':>9}")
+    ways = (
+        ("in-process", "hyperlight://", False),
+        ("session", "hyperlight://", True),
+        ("serve", f"{base}/run_code", False),
+    )
     for level in LEVELS:
-        rows: list[tuple[str, float, list[float]]] = []
-        for name, url in (("in-process", "hyperlight://"), ("serve", f"{base}/run_code")):
-            rate, latencies = measure(url, level, max(calls, level), http)
-            rows.append((name, rate, latencies))
+        rows: dict[str, tuple[float, list[float]]] = {}
+        for name, url, session in ways:
+            rate, latencies = measure(url, level, max(calls, level), http, session)
+            rows[name] = (rate, latencies)
             print(
                 f"  c={level:<3} {name:11}{rate:7.1f}{p(latencies, 50):9.2f}{p(latencies, 99):9.2f}"
             )
-        (_, ours, ours_latencies), (_, served, served_latencies) = rows
-        print(
-            f"  c={level:<3} serve/in-process: throughput {served / ours:.2f}, "
-            f"p50 {p(served_latencies, 50) / p(ours_latencies, 50):.2f}"
-        )
+        ours, ours_latencies = rows["in-process"]
+        for name in ("session", "serve"):
+            rate, latencies = rows[name]
+            print(
+                f"  c={level:<3} {name}/in-process: throughput {rate / ours:.2f}, "
+                f"p50 {p(latencies, 50) / p(ours_latencies, 50):.3f}"
+            )
 
 
 def with_backend(environment: dict[str, str], body: Callable[[str], None], scratch: Path) -> None:

@@ -209,3 +209,34 @@ def test_the_agent_image_has_numpy_and_sympy_reseeded() -> None:
     second = run(code, url="hyperlight://agent", memory=1024)["run_result"]["stdout"]
     assert first.split()[1:] == second.split()[1:] == ["{2:", "2,", "3:", "1}"]
     assert first.split()[0] != second.split()[0]
+
+
+def test_a_notebook_keeps_its_state_across_calls_through_the_console_input() -> None:
+    """The code tool's notebook in a real micro-VM: requests reach the guest through hluk's
+    stdin (echoed on the console, decoded as text), the state carries over, large code and
+    non-ASCII text pass, a call past its timeout ends the notebook and the next starts anew."""
+    from verl_hyperlight._session import Notebook
+
+    notebook = Notebook("hyperlight://", 1024)
+    try:
+
+        def cell(code: str, timeout: float = 10) -> dict[str, Any]:
+            response, error = notebook.run(code, timeout, None)
+            assert error is None and response is not None, error
+            assert response["status"] != "SandboxError", response["message"]
+            return response
+
+        assert cell("x = 41\nprint('ready')")["run_result"]["stdout"] == "ready\n"
+        assert cell("x += 1\nprint(x, 'é → ✓')")["run_result"]["stdout"] == "42 é → ✓\n"
+        data = "y = '" + "ab" * 200_000 + "'\nprint(len(y), x)"  # many lines of input
+        assert cell(data)["run_result"]["stdout"] == "400000 42\n"
+        failed = cell("1 / 0")["run_result"]
+        assert failed["return_code"] == 1 and "ZeroDivisionError" in failed["stderr"]
+        assert cell("print(x)")["run_result"]["stdout"] == "42\n"
+        assert cell("import time\ntime.sleep(30)", 1)["run_result"]["status"] == (
+            "TimeLimitExceeded"
+        )
+        assert not notebook.alive
+        assert "NameError" in cell("print(x)")["run_result"]["stderr"]
+    finally:
+        notebook.close()

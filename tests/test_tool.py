@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,10 +21,10 @@ pytest.importorskip(
 )
 
 import yaml
-from hostside import Host, fail_with, processes_with
+from hostside import Host, fail_with, processes_with, wait_for
 from verl.tools.tool_registry import initialize_tools_from_config
 
-from verl_hyperlight._tool import NO_STDOUT, NOT_RUN
+from verl_hyperlight._tool import NO_STDOUT, NOT_RUN, SESSION_ENDED, SESSIONS_FULL
 
 CLASS = "verl_hyperlight.tool.CodeInterpreterTool"
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "code_tool.yaml"
@@ -242,3 +243,132 @@ print(json.dumps(asyncio.run(main())))
     assert json.loads(done.stdout.splitlines()[-1]) == ["0\n", "1\n", "2\n"]
     assert list(cases.glob("verl-hyperlight-*")) == []
     assert processes_with(str(cases)) == []  # hluk's argv names its case directory
+
+
+# ---------------------------------------------------------------------------------------------
+# session: trajectory, driven as verl 0.9's tool agent loop drives it: create, execute with the
+# trajectory's agent_data, release, around every call.
+
+
+def in_trajectory(tool: Any, trajectory: str, code: str, **parameters: Any) -> str:
+    async def one() -> str:
+        instance_id, _ = await tool.create(create_kwargs={})
+        try:
+            agent_data = SimpleNamespace(request_id=trajectory)
+            response, _, _ = await tool.execute(
+                instance_id, {"code": code, **parameters}, agent_data=agent_data
+            )
+        finally:
+            await tool.release(instance_id)
+        return str(response.text)
+
+    return asyncio.run(one())
+
+
+def notebooks() -> list[int]:
+    """The stand-in hluk processes that run a notebook (its --exec calls runner.session)."""
+    return [
+        pid
+        for pid in processes_with(".session(")
+        if b"/standin/hluk\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
+def test_a_trajectorys_calls_share_a_notebook_that_another_trajectory_cannot_see(
+    host: Host, tmp_path: Path
+) -> None:
+    tool = load(tmp_path, session="trajectory")
+    try:
+        assert in_trajectory(tool, "t1", "import math\nr = math.sqrt(16)\nprint(r)") == "4.0\n"
+        assert in_trajectory(tool, "t1", "print(r + 1, math.pi > 3)") == "5.0 True\n"
+        assert "NameError" in in_trajectory(tool, "t2", "print(r)")
+        assert in_trajectory(tool, "t1", "print('é → ✓', r)") == "é → ✓ 4.0\n"
+        assert len(notebooks()) == 2
+    finally:
+        tool.runner.close()
+    assert wait_for(lambda: not notebooks())
+
+
+def test_release_ends_a_notebook_kept_by_its_instance(host: Host, tmp_path: Path) -> None:
+    """An agent loop that creates one instance per trajectory (no agent_data): its calls share
+    the instance's notebook, and release ends it."""
+    tool = load(tmp_path, session="trajectory")
+
+    async def trajectory() -> list[str]:
+        instance_id, _ = await tool.create(create_kwargs={})
+        texts = []
+        for code in ("x = [1, 2]", "x.append(3)\nprint(x)"):
+            response, _, _ = await tool.execute(instance_id, {"code": code})
+            texts.append(str(response.text))
+        assert len(notebooks()) == 1
+        await tool.release(instance_id)
+        return texts
+
+    try:
+        assert asyncio.run(trajectory()) == ["", "[1, 2, 3]\n"]
+        assert wait_for(lambda: not notebooks())
+    finally:
+        tool.runner.close()
+
+
+def test_notebooks_idle_past_their_timeout_end_and_the_cap_is_answered(
+    host: Host, tmp_path: Path
+) -> None:
+    tool = load(tmp_path, session="trajectory", max_sessions=1, session_idle_timeout=1)
+    try:
+        assert in_trajectory(tool, "t1", "y = 1\nprint(y)") == "1\n"
+        assert in_trajectory(tool, "t2", "print(2)") == SESSIONS_FULL
+        assert wait_for(lambda: not notebooks(), 15)  # t1 idle past 1 s: ended
+        assert in_trajectory(tool, "t2", "print(2)") == "2\n"
+        assert wait_for(lambda: not notebooks(), 15)
+        assert "NameError" in in_trajectory(tool, "t1", "print(y)")
+    finally:
+        tool.runner.close()
+
+
+def test_a_timed_out_call_ends_its_notebook_and_says_so(host: Host, tmp_path: Path) -> None:
+    tool = load(tmp_path, session="trajectory")
+    try:
+        in_trajectory(tool, "t1", "z = 5")
+        text = in_trajectory(tool, "t1", "import time\ntime.sleep(60)", timeout=1)
+        assert text == f"{NO_STDOUT}\n{SESSION_ENDED}"
+        assert "NameError" in in_trajectory(tool, "t1", "print(z)")
+    finally:
+        tool.runner.close()
+
+
+def test_a_worker_killed_while_holding_notebooks_takes_their_micro_vms(
+    hluk: Path, tmp_path: Path
+) -> None:
+    """A process holding two trajectories' notebooks is SIGKILLed: their hluk die with it."""
+    script = f"""
+import asyncio, sys, time, types, yaml
+from verl.tools.tool_registry import initialize_tools_from_config
+path = {str(tmp_path / "tools.yaml")!r}
+yaml.safe_dump({{"tools": [{{"class_name": {CLASS!r}, "config": {{"type": "native",
+    "sandbox_fusion_url": "hyperlight://", "session": "trajectory"}}}}]}}, open(path, "w"))
+(tool,) = initialize_tools_from_config(path)
+async def main():
+    for trajectory in ("t1", "t2"):
+        i, _ = await tool.create(create_kwargs={{}})
+        data = types.SimpleNamespace(request_id=trajectory)
+        response, _, _ = await tool.execute(i, {{"code": "v = 1"}}, agent_data=data)
+        await tool.release(i)
+asyncio.run(main())
+print("holding", flush=True)
+time.sleep(600)
+"""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert worker.stdout is not None
+        for line in worker.stdout:  # verl prints its tool config first
+            if line == b"holding\n":
+                break
+        assert line == b"holding\n"
+        assert len(notebooks()) == 2
+    finally:
+        worker.kill()
+        worker.wait()
+    assert wait_for(lambda: not notebooks())

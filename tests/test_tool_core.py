@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hostside import Host
 
 from verl_hyperlight import _tool
@@ -229,3 +231,32 @@ def test_a_cancelled_call_stops_its_run(host: Host) -> None:
         runner.close()
     assert runner.admitted == 0 and time.monotonic() - started < 60
     assert host.case_dirs() == []
+
+
+def test_the_session_keys_are_read_and_checked() -> None:
+    found = settings(num_workers=3)
+    assert (found.session, found.session_idle_timeout, found.max_sessions) == (False, 300, 12)
+    found = settings(session="trajectory", session_idle_timeout=20, max_sessions=5)
+    assert (found.session, found.session_idle_timeout, found.max_sessions) == (True, 20, 5)
+    assert not settings(session=None).session and not settings(session="none").session
+    for config, named in [
+        ({"session": "yes"}, "session"),
+        ({"session": "trajectory", "sandbox_fusion_url": "http://x/run_code"}, "session"),
+        ({"session_idle_timeout": 0}, "session_idle_timeout"),
+        ({"max_sessions": 0}, "max_sessions"),
+    ]:
+        with pytest.raises(ValueError, match=named):
+            settings(**config)
+
+
+def test_the_example_and_the_readme_name_every_config_key() -> None:
+    root = Path(__file__).resolve().parent.parent
+    example = yaml.safe_load((root / "examples" / "code_tool.yaml").read_text())
+    (entry,) = example["tools"]
+    config = entry["config"]
+    assert set(config) == set(_tool.KNOWN_KEYS) - {"enable_global_rate_limit"}
+    ToolSettings.from_config(config)  # every value valid
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("## Tool calls in verl's agent loop") :]
+    section = section[: section.index("\n## ", 1)]
+    assert [key for key in _tool.KNOWN_KEYS - {"type"} if f"| `{key}` |" not in section] == []

@@ -238,6 +238,9 @@ def test_a_backend_failure_answers_a_neutral_text_logged_once(
             assert ask(detailed, "print(1)") == NOT_RUN
         assert errors() == logged
         assert not notebooks()
+        # A notebook that could not start holds no place among max_sessions.
+        assert runner.sessions is not None and detailed.sessions is not None
+        assert not runner.sessions.sessions and not detailed.sessions.sessions
     finally:
         runner.close()
         detailed.close()

@@ -379,10 +379,14 @@ class _Sessions:
         with self.lock:
             session.users -= 1
             session.last_used = time.monotonic()
-            released = session.released and session.users == 0
-            if released and self.sessions.get(key) is session:
+            # Released, or ended by a call (its micro-VM is gone): no longer up, so no longer
+            # counted against the limit; the key's next call makes a new one.
+            ended = session.released or not session.notebook.alive
+            if ended and not session.users and self.sessions.get(key) is session:
                 del self.sessions[key]
-        if released:
+            else:
+                ended = False
+        if ended:
             session.notebook.close()
 
     def release(self, key: str) -> None:
