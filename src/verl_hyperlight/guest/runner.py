@@ -855,12 +855,11 @@ def _compile(source: bytes, path: str) -> types.CodeType:
     return compile(source, path, "exec", dont_inherit=True)
 
 
-def _run(case: _Case, source: bytes, path: str) -> int:
-    """Run the solution as `python path` and return the status it exits with."""
-    module = _install_main(path)
-    namespace = module.__dict__
-    main = weakref.ref(module)
-    del module
+def _execute(
+    case: _Case, source: bytes, path: str, namespace: dict[str, Any]
+) -> list[BaseException]:
+    """Start the solution (the start frame, the host's clock) and run its code in `namespace`;
+    what it raised, if anything (handed over in a list, see _exit_status)."""
     # The solution's module frame sits on this one.
     case.frames_below = _frame_depth(sys._getframe())
     _patch(case)
@@ -872,6 +871,16 @@ def _run(case: _Case, source: bytes, path: str) -> int:
     except BaseException as exc:
         failures.append(exc)
     _flush_io()
+    return failures
+
+
+def _run(case: _Case, source: bytes, path: str) -> int:
+    """Run the solution as `python path` and return the status it exits with."""
+    module = _install_main(path)
+    namespace = module.__dict__
+    main = weakref.ref(module)
+    del module
+    failures = _execute(case, source, path, namespace)
     exits_inside = bool(failures) and isinstance(failures[0], SystemExit)
     # The exception is handed over, not kept (see _exit_status).
     status = _exit_status(failures.pop()) if failures else 0
@@ -972,18 +981,9 @@ def _run_cell(case: _Case, source: str, number: int, namespace: dict[str, Any]) 
     import linecache
 
     filename = CELL_FILENAME.format(number)
-    # Registered as a notebook does, so that tracebacks show the cell's lines.
+    # Registered as a notebook does, for tracebacks printed through the traceback module.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    case.frames_below = _frame_depth(sys._getframe())
-    _patch(case)
-    case.frame(protocol.START)
-    case.started = _monotonic()
-    failures: list[BaseException] = []
-    try:
-        exec(_compile(source.encode("utf-8"), filename), namespace)
-    except BaseException as exc:
-        failures.append(exc)
-    _flush_io()
+    failures = _execute(case, source.encode("utf-8"), filename, namespace)
     status = _exit_status(failures.pop()) if failures else 0
     if not _flush_std_files() and status >= 0:
         status = FLUSH_FAILED_STATUS
