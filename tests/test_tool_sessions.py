@@ -290,3 +290,26 @@ def test_a_notebook_runs_on_every_way_of_starting_hluk(
     finally:
         runner.close()
     assert wait_for(lambda: not notebooks())
+
+
+def test_many_trajectories_at_once_each_keep_their_own_notebook(host: Host) -> None:
+    """An agent-loop worker with 64 trajectories in flight, each calling 3 times, 8 calls
+    running at once: every trajectory reads back only its own state, and nothing is left."""
+    runner = tool(num_workers=8, max_sessions=64)
+
+    async def trajectory(n: int) -> list[str]:
+        texts = []
+        for code in (f"mine = {n}\nseen = [{n}]", "seen.append(mine * 2)", "print(mine, seen)"):
+            texts.append((await runner.call({"code": code}, f"t{n}"))[0])
+        return texts
+
+    async def all_of_them() -> list[list[str]]:
+        return list(await asyncio.gather(*(trajectory(n) for n in range(64))))
+
+    try:
+        answers = asyncio.run(all_of_them())
+        assert answers == [["", "", f"{n} [{n}, {2 * n}]\n"] for n in range(64)]
+        assert len(notebooks()) == 64
+    finally:
+        runner.close()
+    assert wait_for(lambda: not notebooks(), 30)
