@@ -372,3 +372,22 @@ time.sleep(600)
         worker.kill()
         worker.wait()
     assert wait_for(lambda: not notebooks())
+
+
+def test_a_notebook_that_cannot_start_answers_a_neutral_text_logged_once(
+    host: Host,
+    fail_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 1000)
+    tool = load(tmp_path, session="trajectory", detailed_errors=True)
+    try:
+        texts = [in_trajectory(tool, "t1", "print(1)") for _ in range(3)]
+        assert texts == [NOT_RUN] * 3 and "Traceback" not in caplog.text
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert "kvm" in caplog.text and len(errors) <= 2  # the failure, the gate opening
+        assert not notebooks()
+    finally:
+        tool.runner.close()
