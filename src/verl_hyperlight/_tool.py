@@ -343,8 +343,10 @@ class _Session:
 
 
 class _Sessions:
-    """The process's notebooks, by key (a trajectory's): at most `limit` up; one idle past
-    `idle_timeout` is closed by a sweeping thread (and before a new one is refused)."""
+    """The process's notebooks, by key (a trajectory's): at most `max_sessions` up; one idle
+    past `session_idle_timeout` is closed by a sweeping thread (and before a new one is
+    refused). Called from the event loop, so a notebook is closed (its micro-VM killed and
+    reaped) in a thread, never there."""
 
     def __init__(self, settings: ToolSettings) -> None:
         self.settings = settings
@@ -355,12 +357,12 @@ class _Sessions:
 
     def take(self, key: str) -> _Session | None:
         """The notebook of `key`, made if it has none (its micro-VM starts with its first
-        call); None when `limit` are up and none can be closed."""
+        call); None when `max_sessions` are up and none is idle long enough to be closed."""
         with self.lock:
             session = self.sessions.get(key)
             if session is None:
                 if len(self.sessions) >= self.settings.max_sessions:
-                    self._close(self._idle(time.monotonic()))
+                    self._close_in_background(self._idle(time.monotonic()))
                 if len(self.sessions) >= self.settings.max_sessions:
                     return None
                 settings = self.settings
@@ -384,10 +386,7 @@ class _Sessions:
             ended = session.released or not session.notebook.alive
             if ended and not session.users and self.sessions.get(key) is session:
                 del self.sessions[key]
-            else:
-                ended = False
-        if ended:
-            session.notebook.close()
+                self._close_in_background([session])
 
     def release(self, key: str) -> None:
         """End `key`'s notebook, now or once the calls using it are done."""
@@ -399,7 +398,7 @@ class _Sessions:
             if session.users:
                 return
             del self.sessions[key]
-        session.notebook.close()
+        session.notebook.close()  # (called in a thread of its own: tool.release)
 
     def _idle(self, now: float) -> list[_Session]:
         """Take out the notebooks idle past the timeout (under the lock)."""
@@ -414,6 +413,12 @@ class _Sessions:
     def _close(sessions: list[_Session]) -> None:
         for session in sessions:
             session.notebook.close()
+
+    def _close_in_background(self, sessions: list[_Session]) -> None:
+        if sessions:
+            threading.Thread(
+                target=self._close, args=(sessions,), name="verl-hyperlight-close", daemon=True
+            ).start()
 
     def _sweep(self) -> None:
         period = min(30.0, max(0.05, self.settings.session_idle_timeout / 4))
