@@ -228,6 +228,17 @@ def still_running(processes: dict[int, bytes]) -> dict[int, bytes]:
     return alive
 
 
+def notebooks(pid: int | None = None) -> dict[int, bytes]:
+    """The stand-in hluk processes below `pid` (this process by default) that run a code
+    tool's notebook (their --exec calls runner.session), not the bwrap and guest below them;
+    only this test's, though other suites run notebooks on the machine at the same time."""
+    return {
+        child: cmdline
+        for child, cmdline in descendants_of(os.getpid() if pid is None else pid).items()
+        if b".session(" in cmdline and b"/standin/hluk\0" in cmdline
+    }
+
+
 def wait_for(condition: Callable[[], object], limit: float = 10.0) -> object:
     """Poll `condition` until it is true or `limit` seconds pass; its last value."""
     deadline = time.monotonic() + limit

@@ -21,7 +21,7 @@ pytest.importorskip(
 )
 
 import yaml
-from hostside import Host, fail_with, processes_with, wait_for
+from hostside import Host, fail_with, notebooks, processes_with, still_running, wait_for
 from verl.tools.tool_registry import initialize_tools_from_config
 
 from verl_hyperlight._tool import NO_STDOUT, NOT_RUN, SESSION_ENDED, SESSIONS_FULL
@@ -265,15 +265,6 @@ def in_trajectory(tool: Any, trajectory: str, code: str, **parameters: Any) -> s
     return asyncio.run(one())
 
 
-def notebooks() -> list[int]:
-    """The stand-in hluk processes that run a notebook (its --exec calls runner.session)."""
-    return [
-        pid
-        for pid in processes_with(".session(")
-        if b"/standin/hluk\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
-
-
 def test_a_trajectorys_calls_share_a_notebook_that_another_trajectory_cannot_see(
     host: Host, tmp_path: Path
 ) -> None:
@@ -283,10 +274,11 @@ def test_a_trajectorys_calls_share_a_notebook_that_another_trajectory_cannot_see
         assert in_trajectory(tool, "t1", "print(r + 1, math.pi > 3)") == "5.0 True\n"
         assert "NameError" in in_trajectory(tool, "t2", "print(r)")
         assert in_trajectory(tool, "t1", "print('é → ✓', r)") == "é → ✓ 4.0\n"
-        assert len(notebooks()) == 2
+        held = notebooks()
+        assert len(held) == 2
     finally:
         tool.runner.close()
-    assert wait_for(lambda: not notebooks())
+    assert wait_for(lambda: not still_running(held))
 
 
 def test_release_ends_a_notebook_kept_by_its_instance(host: Host, tmp_path: Path) -> None:
@@ -300,13 +292,15 @@ def test_release_ends_a_notebook_kept_by_its_instance(host: Host, tmp_path: Path
         for code in ("x = [1, 2]", "x.append(3)\nprint(x)"):
             response, _, _ = await tool.execute(instance_id, {"code": code})
             texts.append(str(response.text))
-        assert len(notebooks()) == 1
+        held.update(notebooks())
+        assert len(held) == 1
         await tool.release(instance_id)
         return texts
 
+    held: dict[int, bytes] = {}
     try:
         assert asyncio.run(trajectory()) == ["", "[1, 2, 3]\n"]
-        assert wait_for(lambda: not notebooks())
+        assert wait_for(lambda: not still_running(held))
     finally:
         tool.runner.close()
 
@@ -317,8 +311,9 @@ def test_notebooks_idle_past_their_timeout_end_and_the_cap_is_answered(
     tool = load(tmp_path, session="trajectory", max_sessions=1, session_idle_timeout=1)
     try:
         assert in_trajectory(tool, "t1", "y = 1\nprint(y)") == "1\n"
+        held = notebooks()
         assert in_trajectory(tool, "t2", "print(2)") == SESSIONS_FULL
-        assert wait_for(lambda: not notebooks(), 15)  # t1 idle past 1 s: ended
+        assert wait_for(lambda: not still_running(held), 15)  # t1 idle past 1 s: ended
         assert in_trajectory(tool, "t2", "print(2)") == "2\n"
         assert wait_for(lambda: not notebooks(), 15)
         assert "NameError" in in_trajectory(tool, "t1", "print(y)")
@@ -367,11 +362,13 @@ time.sleep(600)
             if line == b"holding\n":
                 break
         assert line == b"holding\n"
-        assert len(notebooks()) == 2
+        held = notebooks(worker.pid)
+        assert len(held) == 2
     finally:
         worker.kill()
         worker.wait()
-    assert wait_for(lambda: not notebooks())
+    # Orphans would no longer be the worker's descendants: the pids held are what is checked.
+    assert wait_for(lambda: not still_running(held))
 
 
 def test_a_notebook_that_cannot_start_answers_a_neutral_text_logged_once(

@@ -12,26 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostside import Host, fail_with, processes_with, wait_for
+from hostside import Host, fail_with, notebooks, still_running, wait_for
 
 from verl_hyperlight import _spawn, _tool
 from verl_hyperlight._tool import NOT_RUN, SESSION_ENDED, SESSIONS_FULL, CodeRunner, ToolSettings
-
-# In the argv of a notebook's hluk (its --exec calls runner.session), never in a case's.
-NOTEBOOK = ".session("
-
-
-def notebooks() -> list[int]:
-    """The stand-in hluk processes running a notebook (not bwrap and the guest below them)."""
-    found = []
-    for pid in processes_with(NOTEBOOK):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(arg.endswith(b"/standin/hluk") for arg in argv):
-            found.append(pid)
-    return found
 
 
 def tool(**config: Any) -> CodeRunner:
@@ -46,8 +30,9 @@ def tool(**config: Any) -> CodeRunner:
 def runner(host: Host) -> Iterator[CodeRunner]:
     found = tool(num_workers=4)
     yield found
+    held = notebooks()
     found.close()
-    assert wait_for(lambda: not notebooks())
+    assert wait_for(lambda: not still_running(held))
 
 
 def ask(runner: CodeRunner, code: str, session: str | None = "a", **parameters: Any) -> str:
@@ -121,9 +106,10 @@ def test_a_trajectorys_calls_that_arrive_together_run_one_after_another(
 
 def test_release_ends_the_notebook_and_its_micro_vm(runner: CodeRunner) -> None:
     ask(runner, "x = 1")
-    assert len(notebooks()) == 1
+    held = notebooks()
+    assert len(held) == 1
     runner.release("a")
-    assert wait_for(lambda: not notebooks())
+    assert wait_for(lambda: not still_running(held))
     assert "NameError" in ask(runner, "print(x)")
     runner.release("never-used")  # nothing to end: nothing happens
 
@@ -132,8 +118,9 @@ def test_an_idle_notebook_is_ended_after_its_idle_timeout(host: Host) -> None:
     runner = tool(session_idle_timeout=0.5)
     try:
         ask(runner, "x = 1")
-        assert len(notebooks()) == 1
-        assert wait_for(lambda: not notebooks(), 10)
+        held = notebooks()
+        assert len(held) == 1
+        assert wait_for(lambda: not still_running(held), 10)
         assert "NameError" in ask(runner, "print(x)")
     finally:
         runner.close()
@@ -141,9 +128,10 @@ def test_an_idle_notebook_is_ended_after_its_idle_timeout(host: Host) -> None:
 
 def test_a_call_past_its_timeout_ends_its_notebook_and_says_so(runner: CodeRunner) -> None:
     ask(runner, "x = 1")
+    held = notebooks()
     text = ask(runner, "import time\ntime.sleep(30)", timeout=1)
     assert text == "no stdout here\n" + SESSION_ENDED
-    assert wait_for(lambda: not notebooks())
+    assert wait_for(lambda: not still_running(held))
     assert "NameError" in ask(runner, "print(x)")  # the next call starts a fresh one
     detailed = tool(detailed_errors=True)
     try:
@@ -208,7 +196,7 @@ def test_idle_notebooks_make_room_for_a_new_one(host: Host) -> None:
         ask(runner, "x = 1", session="a")
         runner.sessions.sessions["a"].last_used -= 120  # type: ignore[union-attr]
         assert ask(runner, "print(2)", session="b") == "2\n"
-        assert len(notebooks()) == 1
+        assert wait_for(lambda: len(notebooks()) == 1)  # "a" is closed in a thread
     finally:
         runner.close()
 
@@ -247,8 +235,11 @@ def test_a_backend_failure_answers_a_neutral_text_logged_once(
 
 
 def test_a_cancelled_call_ends_its_notebook(runner: CodeRunner) -> None:
+    held: dict[int, bytes] = {}
+
     async def main() -> None:
         await runner.call({"code": "x = 1"}, "a")
+        held.update(notebooks())
         call = asyncio.ensure_future(runner.call({"code": "import time; time.sleep(60)"}, "a"))
         await asyncio.sleep(1)
         call.cancel()
@@ -256,7 +247,7 @@ def test_a_cancelled_call_ends_its_notebook(runner: CodeRunner) -> None:
             await call
 
     asyncio.run(main())
-    assert wait_for(lambda: not notebooks())
+    assert held and wait_for(lambda: not still_running(held))
     assert "NameError" in ask(runner, "print(x)")
 
 
@@ -287,9 +278,11 @@ def test_a_notebook_runs_on_every_way_of_starting_hluk(
     try:
         ask(runner, "x = 'kept'")
         assert ask(runner, "print(x)") == "kept\n"
+        held = notebooks()
+        assert len(held) == 1
     finally:
         runner.close()
-    assert wait_for(lambda: not notebooks())
+    assert wait_for(lambda: not still_running(held))
 
 
 def test_many_trajectories_at_once_each_keep_their_own_notebook(host: Host) -> None:
@@ -309,7 +302,8 @@ def test_many_trajectories_at_once_each_keep_their_own_notebook(host: Host) -> N
     try:
         answers = asyncio.run(all_of_them())
         assert answers == [["", "", f"{n} [{n}, {2 * n}]\n"] for n in range(64)]
-        assert len(notebooks()) == 64
+        held = notebooks()
+        assert len(held) == 64
     finally:
         runner.close()
-    assert wait_for(lambda: not notebooks(), 30)
+    assert wait_for(lambda: not still_running(held), 30)
