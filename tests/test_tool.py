@@ -308,12 +308,12 @@ def test_release_ends_a_notebook_kept_by_its_instance(host: Host, tmp_path: Path
 def test_notebooks_idle_past_their_timeout_end_and_the_cap_is_answered(
     host: Host, tmp_path: Path
 ) -> None:
-    tool = load(tmp_path, session="trajectory", max_sessions=1, session_idle_timeout=1)
+    tool = load(tmp_path, session="trajectory", max_sessions=1, session_idle_timeout=3)
     try:
         assert in_trajectory(tool, "t1", "y = 1\nprint(y)") == "1\n"
         held = notebooks()
         assert in_trajectory(tool, "t2", "print(2)") == SESSIONS_FULL
-        assert wait_for(lambda: not still_running(held), 15)  # t1 idle past 1 s: ended
+        assert wait_for(lambda: not still_running(held), 15)  # t1 idle past 3 s: ended
         assert in_trajectory(tool, "t2", "print(2)") == "2\n"
         assert wait_for(lambda: not notebooks(), 15)
         assert "NameError" in in_trajectory(tool, "t1", "print(y)")
