@@ -211,11 +211,13 @@ def case(i):
         response, error]
 
 def children():
-    return sorted(
-        int(pid)
-        for task in os.listdir("/proc/self/task")
-        for pid in open(f"/proc/self/task/{task}/children").read().split()
-    )
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        try:  # a thread may end between the listing and the read
+            found += open(f"/proc/self/task/{task}/children").read().split()
+        except FileNotFoundError:
+            continue
+    return sorted(int(pid) for pid in found)
 
 first = case(-1)  # the warm-up, and the long-lived helpers started
 descriptors, helpers = len(os.listdir("/proc/self/fd")), children()
