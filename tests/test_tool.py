@@ -173,15 +173,18 @@ def test_concurrent_calls_on_one_instance_and_across_instances_get_their_own_ans
     assert host.case_dirs() == []
 
 
+@pytest.mark.parametrize("session", ["none", "trajectory"])
 def test_a_backend_failure_answers_a_neutral_text_and_is_logged_once(
     host: Host,
     fail_file: Path,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
+    session: str,
 ) -> None:
+    """Stateless, or in a notebook that cannot start (each call's own: no agent_data)."""
     fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 1000)
-    tool = load(tmp_path, detailed_errors=True)
+    tool = load(tmp_path, detailed_errors=True, session=session)
 
     def errors() -> int:
         return sum(1 for r in caplog.records if r.levelname == "ERROR")
@@ -196,7 +199,8 @@ def test_a_backend_failure_answers_a_neutral_text_and_is_logged_once(
     for _ in range(5):
         assert run(tool, "print(1)")[0] == NOT_RUN
     assert errors() == logged
-    plain = load(tmp_path)
+    assert not notebooks()
+    plain = load(tmp_path, session=session)
     assert run(plain, "print(1)")[0] == NO_STDOUT
 
 
@@ -369,22 +373,3 @@ time.sleep(600)
         worker.wait()
     # Orphans would no longer be the worker's descendants: the pids held are what is checked.
     assert wait_for(lambda: not still_running(held))
-
-
-def test_a_notebook_that_cannot_start_answers_a_neutral_text_logged_once(
-    host: Host,
-    fail_file: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 1000)
-    tool = load(tmp_path, session="trajectory", detailed_errors=True)
-    try:
-        texts = [in_trajectory(tool, "t1", "print(1)") for _ in range(3)]
-        assert texts == [NOT_RUN] * 3 and "Traceback" not in caplog.text
-        errors = [r for r in caplog.records if r.levelname == "ERROR"]
-        assert "kvm" in caplog.text and len(errors) <= 2  # the failure, the gate opening
-        assert not notebooks()
-    finally:
-        tool.runner.close()
