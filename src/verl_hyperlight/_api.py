@@ -13,6 +13,7 @@ import math
 import secrets
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
@@ -248,16 +249,43 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
 
     try:
         outcome = _warmup.gate(path, case.guest).run_case(attempt, startup_timeout)
-        verdict = outcome.verdict
-        if verdict is Verdict.SOLUTIONS:
-            return from_outcome(outcome, case.run_timeout, case.fetch)
-        if verdict is Verdict.REFUSED:
-            raise Refused(outcome.refusal)
-        if verdict is Verdict.CANCELLED:
-            raise Refused("the case was cancelled before it ended")
-        raise _diagnosis.failure(outcome, path)
+        return respond(outcome, path, case.run_timeout, case.fetch)
     finally:
         case_dir.remove()
+
+
+def respond(
+    outcome: RawOutcome, path: str, run_timeout: float, fetch: tuple[str, ...] = ()
+) -> Response:
+    """The response to a run (a case's, or a notebook call's): from its outcome when its
+    ending is the solution's, else Refused or the BackendError it stands for."""
+    verdict = outcome.verdict
+    if verdict is Verdict.SOLUTIONS:
+        return from_outcome(outcome, run_timeout, fetch)
+    if verdict is Verdict.REFUSED:
+        raise Refused(outcome.refusal)
+    if verdict is Verdict.CANCELLED:
+        raise Refused("the case was cancelled before it ended")
+    raise _diagnosis.failure(outcome, path)
+
+
+def answered(body: Callable[[], Response]) -> tuple[Response | None, str | None]:
+    """`body`'s response as verl's call_sandbox_api returns it, ``(response, None)``; never
+    raises: a request that cannot be run as given is ``(None, error)``, a refused one or a
+    backend failure a SandboxError response (the failure logged once per cause), and a bug of
+    this package's too, its traceback logged once per cause."""
+    try:
+        return body(), None
+    except InvalidRequest as exc:
+        return None, f"Invalid request: {exc}"
+    except Refused as exc:
+        return sandbox_error(str(exc)), None
+    except BackendError as exc:
+        failures.backend(exc)
+        return sandbox_error(str(exc)), None
+    except Exception as exc:
+        failures.internal(exc)
+        return sandbox_error(f"verl-hyperlight internal error: {exc!r}"), None
 
 
 def run_code(
@@ -284,14 +312,15 @@ def run_code(
     `language` "pytest" runs `code` as a test file under `pytest FILE` (with the `pytest`
     extra installed); languages other than it and "python" are answered SandboxError."""
     del compile_timeout  # Python has no compile step.
-    try:
+
+    def body() -> Response:
         if language not in RUNS:
             if isinstance(language, str) and language in SANDBOX_FUSION_LANGUAGES:
                 message = (
                     f"verl-hyperlight runs Python only; language {language!r} is not supported"
                 )
                 failures.record("language", message, "those cases score -1")
-                return sandbox_error(message), None
+                return sandbox_error(message)
             raise InvalidRequest(f"unknown language {language!r}")
         timeout = _timeout("run_timeout", run_timeout)
         case = _validate(
@@ -302,18 +331,10 @@ def run_code(
                 library = _guest_pytest.library()
             except _guest_pytest.Missing as exc:
                 failures.record("pytest-missing", str(exc), "its pytest cases score -1")
-                return sandbox_error(str(exc)), None
+                return sandbox_error(str(exc))
             case = replace(case, guest=replace(case.guest, pytest_library=library))
         if timeout <= 0:
-            return time_limit_exceeded(), None  # as the service answers it, at once
-        return _run_case(_hluk.hluk_path(), case, cancel), None
-    except InvalidRequest as exc:
-        return None, f"Invalid request: {exc}"
-    except Refused as exc:
-        return sandbox_error(str(exc)), None
-    except BackendError as exc:
-        failures.backend(exc)
-        return sandbox_error(str(exc)), None
-    except Exception as exc:
-        failures.internal(exc)
-        return sandbox_error(f"verl-hyperlight internal error: {exc!r}"), None
+            return time_limit_exceeded()  # as the service answers it, at once
+        return _run_case(_hluk.hluk_path(), case, cancel)
+
+    return answered(body)

@@ -15,10 +15,10 @@ import secrets
 import threading
 
 from . import _api, _diagnosis, _hluk, _warmup
-from ._errors import BackendError, InvalidRequest, Refused
+from ._errors import InvalidRequest, Refused
 from ._guest import Guest, guest_for, hluk_argv, session_code
 from ._outcome import Ending, RawOutcome, Verdict
-from ._response import Response, from_outcome, sandbox_error
+from ._response import Response
 from .guest import protocol
 
 
@@ -42,43 +42,30 @@ class Notebook:
         """Run `code` in the notebook (started first if it is not up), answered as run_code
         answers: ``(response, None)``, a backend failure a SandboxError response, or
         ``(None, error)`` for code that cannot be run as given. Never raises."""
-        try:
-            data = _api._encode("code", code, _api.MAX_CODE_BYTES)
-            path = _hluk.hluk_path()
-            if not self.alive:
-                self._start(path, cancel)
+        return _api.answered(lambda: self._run(code, run_timeout, cancel))
+
+    def _run(self, code: str, run_timeout: float, cancel: threading.Event | None) -> Response:
+        data = _api._encode("code", code, _api.MAX_CODE_BYTES)
+        path = _hluk.hluk_path()
+        if not self.alive:
+            self._start(path, cancel)
+        assert self.process is not None
+        nonce = secrets.token_hex(16)
+        request = protocol.request_lines(nonce, data.decode("utf-8"))
+        if len(request) > self.process.capacity:
+            raise InvalidRequest(
+                f"code is {len(data)} bytes: a notebook call takes at most about "
+                f"{self.process.capacity * 3 // 4 // 1024} KiB"
+            )
+        outcome = self.process.call(nonce, request, run_timeout, cancel)
+        if outcome.verdict is Verdict.BACKEND_BEFORE_START and self.calls:
+            # Its guest had ended since its last call (a thread of an earlier call ended
+            # it): nothing of this call ran, so it runs in a new notebook.
+            self._start(path, cancel)
             assert self.process is not None
-            nonce = secrets.token_hex(16)
-            request = protocol.request_lines(nonce, data.decode("utf-8"))
-            if len(request) > self.process.capacity:
-                raise InvalidRequest(
-                    f"code is {len(data)} bytes: a notebook call takes at most about "
-                    f"{self.process.capacity * 3 // 4 // 1024} KiB"
-                )
             outcome = self.process.call(nonce, request, run_timeout, cancel)
-            if outcome.verdict is Verdict.BACKEND_BEFORE_START and self.calls:
-                # Its guest had ended since its last call (a thread of an earlier call ended
-                # it): nothing of this call ran, so it runs in a new notebook.
-                self._start(path, cancel)
-                assert self.process is not None
-                outcome = self.process.call(nonce, request, run_timeout, cancel)
-            self.calls += 1
-            verdict = outcome.verdict
-            if verdict is Verdict.SOLUTIONS:
-                return from_outcome(outcome, run_timeout), None
-            if verdict is Verdict.CANCELLED:
-                raise Refused("the call was cancelled before it ended")
-            raise _diagnosis.failure(outcome, path)
-        except InvalidRequest as exc:
-            return None, f"Invalid request: {exc}"
-        except Refused as exc:
-            return sandbox_error(str(exc)), None
-        except BackendError as exc:
-            _api.failures.backend(exc)
-            return sandbox_error(str(exc)), None
-        except Exception as exc:
-            _api.failures.internal(exc)
-            return sandbox_error(f"verl-hyperlight internal error: {exc!r}"), None
+        self.calls += 1
+        return _api.respond(outcome, path, run_timeout)
 
     def _start(self, path: str, cancel: threading.Event | None) -> None:
         startup_timeout = _api._startup_timeout()
