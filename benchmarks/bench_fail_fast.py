@@ -31,7 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_run_code import use_standin_unless_configured
 
-from verl_hyperlight import _warmup, run_code
+from verl_hyperlight import run_code
+from verl_hyperlight.case import warmup as _warmup
 
 AT_ONCE = "answered at once"
 

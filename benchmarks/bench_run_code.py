@@ -50,19 +50,23 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from verl_hyperlight import _api, _hluk, _spawn, _warmup, run_code
-from verl_hyperlight._guest import guest_for, workload_code
-from verl_hyperlight._hluk import hluk_path
+from verl_hyperlight import run_code
+from verl_hyperlight.case import api as _api
+from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.case.guests import guest_for, workload_code
+from verl_hyperlight.hluk import process as _hluk
+from verl_hyperlight.hluk import spawn as _spawn
+from verl_hyperlight.hluk.process import hluk_path
 
 # Modules an older checkout, measured as the baseline with PYTHONPATH, may not have.
 _casedir = (
-    importlib.import_module("verl_hyperlight._casedir")
-    if find_spec("verl_hyperlight._casedir")
+    importlib.import_module("verl_hyperlight.case.casedir")
+    if find_spec("verl_hyperlight.case.casedir")
     else None
 )
 _console = (
-    importlib.import_module("verl_hyperlight._console")
-    if find_spec("verl_hyperlight._console")
+    importlib.import_module("verl_hyperlight.hluk.console")
+    if find_spec("verl_hyperlight.hluk.console")
     else None
 )
 
@@ -73,7 +77,9 @@ STDIN = " ".join(str(i) for i in range(1000)) + "\n"
 EXPECTED = f"{sum(range(1000))}\n"
 URL = "hyperlight://"
 MEMORY_MB = 1024
+# Spelled here, not imported, so that an older checkout runs the same benchmark as the baseline.
 CASE_DIR_ENV = "VERL_HYPERLIGHT_CASE_DIR"
+SPAWN_ENV = "VERL_HYPERLIGHT_SPAWN"
 CONCURRENCIES = (1, 8, 64)
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -102,10 +108,12 @@ def use_standin_unless_configured(scratch: Path) -> str:
     return "the stand-in hluk (tests/standin/hluk)"
 
 
-# A notebook's guest in the double: ready at once, then each call read from stdin (as the
-# runner reads it: base64 lines, then a line of its own) answered EXPECTED at once.
-SESSION_DOUBLE = f"""
-import base64, json, os, sys
+def notebook_double(answer: str) -> str:
+    """A notebook's guest in a double, as Python source: ready at once, then each call read
+    from stdin (as the runner reads it: base64 lines, then a line of its own) answered at once
+    with `answer`, an expression of `call` (the call's JSON object) that gives the bytes."""
+    return f"""
+import base64, hashlib, json, os, sys
 def report(nonce, output=b""):
     text = base64.b64encode(output).decode()
     frames = [f"{{nonce}} start", f"{{nonce}} end 0 0.000100 - {{len(output)}} 0 -"]
@@ -117,11 +125,15 @@ pieces = []
 for line in sys.stdin.buffer:
     line = line.strip()
     if line == b".":
-        report(json.loads(base64.b64decode(b"".join(pieces)))["nonce"], {EXPECTED.encode()!r})
+        call = json.loads(base64.b64decode(b"".join(pieces)))
+        report(call["nonce"], {answer})
         pieces = []
     elif line:
         pieces.append(line)
 """
+
+
+NOTEBOOK_DOUBLE = notebook_double(repr(EXPECTED.encode()))
 
 
 def hluk_double(scratch: Path, busy_loops: int = 0) -> Path:
@@ -142,7 +154,7 @@ def hluk_double(scratch: Path, busy_loops: int = 0) -> Path:
         "  *main*) printf '\\r\\n%s start\\r\\n"
         f"\\r\\n%s end 0 0.000100 - {len(EXPECTED)} 0 -\\r\\n\\r\\n%s stdout {encoded}\\r\\n"
         '\\r\\n%s done\\r\\n\' "$nonce" "$nonce" "$nonce" "$nonce" ;;\n'
-        f'  *session*) exec {sys.executable} -I -S -c {shlex.quote(SESSION_DOUBLE)} "$nonce" ;;\n'
+        f'  *notebook*) exec {sys.executable} -I -S -c {shlex.quote(NOTEBOOK_DOUBLE)} "$nonce" ;;\n'
         "esac\n"
     )
     double.chmod(0o755)
@@ -244,11 +256,11 @@ def helper_ticks() -> dict[int, int]:
 
 @contextmanager
 def spawning_with(path: str) -> Iterator[None]:
-    os.environ[_spawn.SPAWN_ENV] = path
+    os.environ[SPAWN_ENV] = path
     try:
         yield
     finally:
-        del os.environ[_spawn.SPAWN_ENV]
+        del os.environ[SPAWN_ENV]
 
 
 def percentile(values: list[float], share: float) -> float:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_run_code import EXPECTED, instant_hluk, standin_environment
 from bench_serve import p, start_server
 
-from verl_hyperlight._tool import CodeRunner, ServiceCall, ToolSettings
+from verl_hyperlight.agent.calls import CodeRunner, ServiceCall, ToolSettings
 
 LEVELS = (1, 8, 64)
 CODE = "print(sum(range(1000)))"

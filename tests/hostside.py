@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -18,7 +19,11 @@ from typing import Any
 
 import pytest
 
-from verl_hyperlight import _api, _casedir, _warmup
+from verl_hyperlight import settings as _settings
+from verl_hyperlight.case import api as _api
+from verl_hyperlight.case import casedir as _casedir
+from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.errors import CauseCounts
 
 URL = "hyperlight://"
 
@@ -79,9 +84,10 @@ def host(hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterato
     monkeypatch.setattr(_casedir, "TMPFS", str(found.tmpfs))
     # That tmpfs is a directory on a disk whose use is not the test's: none of it kept free.
     monkeypatch.setattr(_casedir, "TMPFS_KEEP_FREE", 0.0)
-    monkeypatch.delenv(_casedir.CASE_DIR_ENV, raising=False)
+    monkeypatch.delenv(_settings.CASE_DIR.name, raising=False)
     monkeypatch.setattr(_casedir, "_warnings", _casedir._Warnings())
     monkeypatch.setattr(_api, "failures", _api._FailureLog())
+    monkeypatch.setattr(_settings, "_unusable", CauseCounts())
     _warmup.forget()
     yield found
     _warmup.forget()
@@ -165,6 +171,20 @@ def sandbox_error(response: dict[str, Any]) -> str:
     return message
 
 
+def need_unshare() -> None:
+    """Fail unless namespaces of a test's own can be made: root and util-linux's unshare."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.fail("these tests need root and util-linux's unshare (for namespaces of their own)")
+
+
+def in_mount_namespace(commands: str, argv: list[str]) -> list[str]:
+    """`argv` run in a mount namespace of its own once the shell `commands` (mounts) ran
+    there: what they mount is gone with it."""
+    need_unshare()
+    script = commands + ' && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
+
+
 # ---------------------------------------------------------------------------------------------
 # what is left on the host
 
@@ -184,18 +204,31 @@ def processes_with(text: str, exclude: tuple[int, ...] = ()) -> list[int]:
     return found
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent of `pid`; None once it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def processes_running(text: str) -> dict[int, int]:
+    """Live processes whose command line contains `text`, each with its parent, less those
+    whose parent is one of them: a process's child between its fork and its exec bears its
+    command line too (a shell about to run `sleep`, the stand-in starting its guest)."""
+    found = set(processes_with(text))
+    parents = {pid: parent_of(pid) for pid in found}
+    return {pid: p for pid, p in parents.items() if p is not None and p not in found}
+
+
 def children_of(pid: int) -> set[int]:
     """The processes whose parent is `pid`, zombies included."""
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
+        if parent_of(int(entry)) == pid:
             found.add(int(entry))
     return found
 
@@ -230,12 +263,12 @@ def still_running(processes: dict[int, bytes]) -> dict[int, bytes]:
 
 def notebooks(pid: int | None = None) -> dict[int, bytes]:
     """The stand-in hluk processes below `pid` (this process by default) that run a code
-    tool's notebook (their --exec calls runner.session), not the bwrap and guest below them;
+    tool's notebook (their --exec calls runner.notebook), not the bwrap and guest below them;
     only this test's, though other suites run notebooks on the machine at the same time."""
     return {
         child: cmdline
         for child, cmdline in descendants_of(os.getpid() if pid is None else pid).items()
-        if b".session(" in cmdline and b"/standin/hluk\0" in cmdline
+        if b".notebook(" in cmdline and b"/standin/hluk\0" in cmdline
     }
 
 

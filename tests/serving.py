@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from verl_hyperlight._casedir import CASE_DIR_ENV
+from verl_hyperlight.settings import CASE_DIR
 
 SERVE = "import sys\nfrom verl_hyperlight.cli import main\nsys.exit(main(['serve', *sys.argv[1:]]))"
 
@@ -82,7 +82,7 @@ def start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Serv
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         # Case directories where the test sees them (by default they would go to /dev/shm).
-        env={**os.environ, "TMPDIR": str(tmpdir), CASE_DIR_ENV: str(tmpdir), **(env or {})},
+        env={**os.environ, "TMPDIR": str(tmpdir), CASE_DIR.name: str(tmpdir), **(env or {})},
     )
     served = Served(process, f"http://127.0.0.1:{port}", tmpdir, log)
     deadline = time.monotonic() + 60

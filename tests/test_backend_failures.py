@@ -16,8 +16,8 @@ import pytest
 from conftest import STANDIN
 from hostside import GateClock, Host, fail_with, result, run, sandbox_error
 
-from verl_hyperlight import _hluk
-from verl_hyperlight._errors import ZEROES_REWARDS
+from verl_hyperlight.errors import ZEROES_REWARDS
+from verl_hyperlight.hluk import process as _hluk
 
 # A hluk that crashes after the solution started: it forwards the stand-in's console until the
 # runner's start frame has passed, then its VM (the stand-in) dies with it and it panics, as a
@@ -205,7 +205,7 @@ def test_each_cause_is_logged_at_error_once_per_process_then_counted(
     caplog: pytest.LogCaptureFixture,
     stage: str,
 ) -> None:
-    from verl_hyperlight import _api
+    from verl_hyperlight.case import api as _api
 
     caplog.set_level(logging.ERROR, logger="verl_hyperlight")
     if stage == "case":
@@ -219,7 +219,7 @@ def test_each_cause_is_logged_at_error_once_per_process_then_counted(
     # three failed starts in a row.
     opened = [error for error in errors if "answered SandboxError at once" in error]
     assert len(opened) == 1 and len(errors) == 2, errors
-    assert _api.failures.counts == {"kvm": 4}
+    assert _api.failures.counts() == {"kvm": 4}
 
 
 def test_an_internal_error_logs_its_traceback_once_per_cause_and_counts_the_rest(
@@ -227,7 +227,8 @@ def test_an_internal_error_logs_its_traceback_once_per_cause_and_counts_the_rest
 ) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from verl_hyperlight import _api, _warmup
+    from verl_hyperlight.case import api as _api
+    from verl_hyperlight.case import warmup as _warmup
 
     caplog.set_level(logging.ERROR, logger="verl_hyperlight")
 
@@ -244,7 +245,7 @@ def test_an_internal_error_logs_its_traceback_once_per_cause_and_counts_the_rest
     assert all("verl-hyperlight internal error" in m for m in messages)
     tracebacks = [r for r in caplog.records if r.exc_info is not None]
     assert sorted(type(r.exc_info[1]).__name__ for r in tracebacks) == ["KeyError", "ValueError"]
-    assert sorted(_api.failures.counts.values()) == [20, 40]
+    assert sorted(_api.failures.counts().values()) == [20, 40]
     # The tenth of each cause is said again, without its traceback.
     reminders = [r for r in caplog.records if "10 cases failed so far" in r.getMessage()]
     assert len(reminders) == 2 and all(r.exc_info is None for r in reminders)
@@ -256,7 +257,7 @@ def test_a_bad_startup_timeout_setting_is_reported_and_the_default_used(
     host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: str
 ) -> None:
     monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", setting)
-    with caplog.at_level(logging.ERROR, logger="verl_hyperlight"):
+    with caplog.at_level(logging.WARNING, logger="verl_hyperlight"):
         first = run("print('ran')")
         second = run("print('ran')")
     assert result(first)[:4] == result(second)[:4] == ("Success", "Finished", 0, "ran\n")
@@ -313,11 +314,81 @@ def test_the_console_before_the_start_still_explains_a_failed_start(
 ) -> None:
     # Before the solution starts, the console is hluk's driver's alone: a failing warm-exec
     # (here: the runner missing from the image's snapshot) is reported with its traceback.
-    from verl_hyperlight import _guest
+    from verl_hyperlight.case import guests as _guest
 
     monkeypatch.setattr(_guest, "warm_exec_code", lambda: "raise ImportError('no runner here')")
     message = sandbox_error(run("print(1)"))
     assert "ImportError: no runner here" in message
+
+
+# A hluk whose console loses part of a report: each end frame announces 10 bytes of stdout,
+# and 5 of them come (the warm-up's probe, and a notebook's ready report, come whole).
+SHORT_REPORTING_HLUK = """#!{python} -IS
+import base64, json, os, re, sys
+if sys.argv[1:] == ["--version"]:
+    print("hluk 0.19.0")
+    sys.exit(0)
+with open(os.environ["HLUK_STANDIN_ARGV_LOG"], "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\\n")
+workload = sys.argv[-1]
+nonce = re.search(r"'([0-9a-f]{{32}})'\\)$", workload).group(1)
+def report(nonce, output=b"", announced=0):
+    frames = [f"{{nonce}} start", f"{{nonce}} end 0 0.000100 - {{announced}} 0 -"]
+    frames += [f"{{nonce}} stdout {{base64.b64encode(output).decode()}}"] if output else []
+    frames.append(f"{{nonce}} done")
+    os.write(1, "".join(f"\\r\\n{{frame}}\\r\\n" for frame in frames).encode())
+if ".main(" in workload:
+    report(nonce, b"12345", 10)
+elif ".notebook(" in workload:
+    report(nonce)
+    pieces = []
+    for line in sys.stdin.buffer:
+        line = line.strip()
+        if line == b".":
+            report(json.loads(base64.b64decode(b"".join(pieces)))["nonce"], b"12345", 10)
+            pieces = []
+        elif line:
+            pieces.append(line)
+else:
+    report(nonce)
+"""
+
+
+@pytest.fixture
+def short_reports(host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    double = tmp_path / "hluk-short"
+    double.write_text(SHORT_REPORTING_HLUK.format(python=sys.executable))
+    double.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(double))
+
+
+def assert_short_output_said(message: str, caplog: pytest.LogCaptureFixture) -> None:
+    assert "report of the solution's output came short (stdout: 5 of 10 bytes)" in message
+    assert "later cases run" in message
+    logged = [r.getMessage() for r in caplog.records if "came short" in r.getMessage()]
+    assert len(logged) == 1 and ZEROES_REWARDS not in logged[0]
+
+
+def test_a_report_whose_stream_came_short_is_a_backend_failure_of_that_case(
+    short_reports: None, host: Host, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert_short_output_said(sandbox_error(run("print('1234567890', end='')")), caplog)
+    assert len(host.case_runs()) == 1  # the solution ran: not retried
+
+
+def test_a_notebook_call_whose_stream_came_short_is_a_backend_failure_ending_it(
+    short_reports: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    from verl_hyperlight.agent.notebook import Notebook
+
+    notebook = Notebook("hyperlight://", None)
+    try:
+        response, error = notebook.run("print('1234567890', end='')", 10, None)
+        assert error is None and response is not None
+        assert_short_output_said(sandbox_error(dict(response)), caplog)
+        assert not notebook.alive  # what its console says next cannot be trusted either
+    finally:
+        notebook.close()
 
 
 # ---------------------------------------------------------------------------------------------

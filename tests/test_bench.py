@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from hostside import KVM_FAILURE, Host, fail_with
 
-from verl_hyperlight.bench import Level, recommend
 from verl_hyperlight.cli import main
+from verl_hyperlight.commands.bench import Level, recommend
 
 
 def level(concurrency: int, per_second: float, p99: float, failed: int = 0) -> Level:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hostside import Host
 
-from verl_hyperlight import _spawn
+from verl_hyperlight.hluk import spawn as _spawn
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_run_code.py"
 

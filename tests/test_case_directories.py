@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hostside import Host, option, result, run, sandbox_error
+from hostside import Host, in_mount_namespace, option, result, run, sandbox_error
 
-from verl_hyperlight import _casedir
+from verl_hyperlight import settings as _settings
 
 MIB = 1024 * 1024
 
@@ -48,24 +48,9 @@ def run_worker(
     """Run WORKER with a /dev/shm of its own (a tmpfs mounted with `tmpfs_options`); its
     answers (response, error, the stdout a right answer has), what it left in /dev/shm, and
     its stderr."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.fail("these tests need root and util-linux's unshare (for a tmpfs of their own)")
+    mount = f"mount -t tmpfs -o {shlex.quote(tmpfs_options)} verl-hyperlight-test /dev/shm"
     done = subprocess.run(
-        [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            'mount -t tmpfs -o "$0" verl-hyperlight-test /dev/shm && exec "$@"',
-            tmpfs_options,
-            sys.executable,
-            "-c",
-            WORKER,
-            str(cases),
-            str(stdin_mib),
-        ],
+        in_mount_namespace(mount, [sys.executable, "-c", WORKER, str(cases), str(stdin_mib)]),
         capture_output=True,
         text=True,
         timeout=300,
@@ -143,7 +128,7 @@ def test_a_tmpfs_too_small_or_full_sends_cases_to_tmpdir_said_once_and_answers_a
     said = [line for line in stderr.splitlines() if line.startswith("WARNING")]
     assert said and len(said) == len(set(said)), stderr
     assert all(any(reason in line for reason in reasons) for line in said), stderr
-    assert all(_casedir.CASE_DIR_ENV in line for line in said), stderr
+    assert all(_settings.CASE_DIR.name in line for line in said), stderr
     assert "Traceback" not in stderr and "internal error" not in stderr, stderr
 
 
@@ -153,11 +138,11 @@ def test_a_full_case_directory_chosen_by_the_operator_is_a_clear_backend_failure
     # The operator chose the tmpfs: no fallback, a SandboxError naming it and what to do,
     # logged at ERROR once for the 8 cases, no traceback.
     answers, left, stderr = run_worker(
-        tmp_path, "size=1m", 8, 2.0, **{_casedir.CASE_DIR_ENV: "/dev/shm"}
+        tmp_path, "size=1m", 8, 2.0, **{_settings.CASE_DIR.name: "/dev/shm"}
     )
     messages = [sandbox_error(response) for response, _, _ in answers]
     assert all("no room for a case's files" in m and "in /dev/shm" in m for m in messages)
-    assert all(_casedir.CASE_DIR_ENV in m for m in messages), messages[0]
+    assert all(_settings.CASE_DIR.name in m for m in messages), messages[0]
     errors = [line for line in stderr.splitlines() if line.startswith("ERROR")]
     assert len(errors) == 1 and "/dev/shm" in errors[0], stderr
     assert "Traceback" not in stderr and "internal error" not in stderr, stderr

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_hyperlight import __version__, _warmup
+from verl_hyperlight import __version__
+from verl_hyperlight.case import warmup as _warmup
 from verl_hyperlight.cli import main
 
 
@@ -125,7 +126,7 @@ def test_no_user_facing_text_holds_a_placeholder() -> None:
 def test_serve_refuses_options_it_cannot_honour(
     option: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from verl_hyperlight import serve
+    from verl_hyperlight.server import app as serve
 
     def started(*args: object) -> None:
         raise AssertionError(f"serve started with {option}")

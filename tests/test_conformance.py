@@ -2,7 +2,7 @@
 when CPython 3.12 runs it as Sandbox Fusion does (``python /tmp/dir/solution.py`` in a fresh
 directory, stdin a pipe written then closed, a clean environment, a wall-clock limit).
 
-The programs are the package's conformance corpus (`verl_hyperlight.conformance`), which
+The programs are the package's conformance corpus (`verl_hyperlight.commands.conformance`), which
 `verl-hyperlight selftest` runs on a node against the answers recorded beside it. Here both
 sides run live: answers are shaped as Sandbox Fusion responses and compared on their status,
 run status, return code, stdout (exactly) and stderr (with the solution's directory, the
@@ -33,8 +33,9 @@ from typing import Any
 
 import pytest
 
-from verl_hyperlight import conformance, run_code, selftest
-from verl_hyperlight.conformance import (
+from verl_hyperlight import run_code
+from verl_hyperlight.commands import conformance, selftest
+from verl_hyperlight.commands.conformance import (
     FAMILIES,
     PROBE,
     PROGRAMS,
@@ -256,7 +257,8 @@ def test_program_answers_as_cpython_under_sandbox_fusion(
     assert ours == reference
 
 
-def _known_limits() -> str:
+def known_limits() -> str:
+    """The README's "Known limits" section."""
     text = README.read_text()
     return text.split("## Known limits", 1)[1].split("\n## ", 1)[0]
 
@@ -268,7 +270,7 @@ def test_documented_divergence_is_real_and_is_all_that_differs(
     hluk: Path, answers: Answers, prog: Program
 ) -> None:
     assert prog.divergence is not None
-    assert prog.divergence.limit in " ".join(_known_limits().split())
+    assert prog.divergence.limit in " ".join(known_limits().split())
     (ours,), (reference,) = answers.of(prog)
     assert {k: reference[k] for k in prog.divergence.ours} != prog.divergence.ours
     assert ours == {**reference, **prog.divergence.ours}

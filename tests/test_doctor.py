@@ -12,8 +12,10 @@ import pytest
 from conftest import STANDIN
 from hostside import KVM_FAILURE, Host, fail_with
 
-from verl_hyperlight import _diagnosis, _spawn, doctor
+from verl_hyperlight import diagnosis as _diagnosis
 from verl_hyperlight.cli import main
+from verl_hyperlight.commands import doctor
+from verl_hyperlight.hluk import spawn as _spawn
 
 
 def run_doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, dict]]:  # type: ignore[type-arg]
@@ -40,8 +42,8 @@ def test_a_healthy_node_passes_every_check_and_prints_one_line_each(
     assert main(["doctor"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # The stand-in's wrapper execs it: no wrapper line.
-    names = ["platform", "python", "hluk", "/dev/kvm", "cache", "snapshot", "case", "spawn"]
-    assert [line.split()[1] for line in lines] == [*names, "verl"]
+    names = ["platform", "python", "hluk", "/dev/kvm", "cache", "case-dir", "snapshot", "case"]
+    assert [line.split()[1] for line in lines] == [*names, "pytest", "spawn", "verl"]
     assert all(line.startswith("ok ") for line in lines), lines
     assert "print(1+1) answered 2" in "\n".join(lines)
     assert "set reward.sandbox_fusion.url=hyperlight://" in lines[-1]
@@ -153,7 +155,7 @@ def test_a_cold_node_warns_to_warm_up_and_is_warm_after(
     assert found["snapshot"]["status"] == "warn"
     assert found["snapshot"]["fix"].startswith("verl-hyperlight warm-up hyperlight://")
     assert found["case"]["status"] == "ok"
-    from verl_hyperlight import _warmup
+    from verl_hyperlight.case import warmup as _warmup
 
     _warmup.forget()  # another doctor run: a new process
     _, found = run_doctor(capsys, "hyperlight://")
@@ -164,7 +166,7 @@ def test_a_spawner_that_cannot_start_warns_with_the_way_taken_instead(
     host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(_spawn, "_spawners", {})
-    monkeypatch.setattr(_spawn, "_spawner_failure", "")
+    monkeypatch.setattr(_spawn, "_starts", _spawn._Starts())
     monkeypatch.setattr(_spawn, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
     _, found = run_doctor(capsys)
     assert found["spawn"]["status"] == "warn"
@@ -231,3 +233,60 @@ def test_a_missing_entry_point_fails_asking_to_reinstall(
     monkeypatch.setattr(doctor, "_plugins", lambda: set())
     _, found = run_doctor(capsys)
     assert found["verl"]["status"] == "fail" and "reinstall" in found["verl"]["fix"]
+
+
+# ---------------------------------------------------------------------------------------------
+# where case directories go, and the pytest extra (issue 24)
+
+
+def test_doctor_says_where_case_directories_go(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_hyperlight.case import casedir as _casedir
+
+    _, found = run_doctor(capsys)
+    assert found["case-dir"]["status"] == "ok"
+    assert f"case directories go to the tmpfs {host.tmpfs} " in found["case-dir"]["detail"]
+    # No tmpfs (a container without /dev/shm): they go to TMPDIR, which is said, with the fix.
+    monkeypatch.setattr(_casedir, "TMPFS", str(tmp_path / "no-shm"))
+    _, found = run_doctor(capsys)
+    assert found["case-dir"]["status"] == "warn"
+    assert f"case directories go to {host.tmpdir} (TMPDIR)" in found["case-dir"]["detail"]
+    assert f"VERL_HYPERLIGHT_CASE_DIR={host.tmpdir} keeps them there" in found["case-dir"]["fix"]
+    # Chosen: exactly there, or a failure that says what to do.
+    chosen = tmp_path / "cases"
+    chosen.mkdir()
+    monkeypatch.setenv("VERL_HYPERLIGHT_CASE_DIR", str(chosen))
+    _, found = run_doctor(capsys)
+    assert found["case-dir"]["status"] == "ok"
+    assert found["case-dir"]["detail"] == (
+        f"case directories go to {chosen} (VERL_HYPERLIGHT_CASE_DIR)"
+    )
+    assert list(chosen.iterdir()) == []  # the one doctor made is gone
+    monkeypatch.setenv("VERL_HYPERLIGHT_CASE_DIR", str(tmp_path / "missing"))
+    status, found = run_doctor(capsys)
+    assert status == 1 and found["case-dir"]["status"] == "fail"
+    assert found["case-dir"]["fix"] == ("point VERL_HYPERLIGHT_CASE_DIR at a writable directory")
+
+
+def test_doctor_says_whether_the_pytest_extra_is_installed(
+    host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_hyperlight.case import pytest_library as _pytest_library
+
+    _, found = run_doctor(capsys)
+    assert found["pytest"]["status"] == "ok"
+    detail = found["pytest"]["detail"]
+    assert detail.startswith(f"the pytest extra is installed: pytest {pytest.__version__} ")
+    library = detail.rsplit(" given to the guest from ", 1)[1]
+    assert Path(library, "pytest").is_dir()  # the copy the guest mounts is made
+
+    def missing() -> str:
+        raise _pytest_library.Missing(_diagnosis.pytest_missing("pytest is not installed"))
+
+    monkeypatch.setattr(_pytest_library, "library", missing)
+    _, found = run_doctor(capsys)
+    assert found["pytest"]["status"] == "warn"  # python cases run on without it
+    assert "pytest is not installed" in found["pytest"]["detail"]
+    fix = "pip install 'verl-hyperlight[pytest]' where verl-hyperlight runs"
+    assert found["pytest"]["fix"] == fix

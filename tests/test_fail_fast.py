@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 from hostside import KVM_FAILURE, URL, GateClock, Host, fail_with, result, run, sandbox_error
 
-from verl_hyperlight import _api, _hluk, _warmup
-from verl_hyperlight._errors import BackendError, FailingFast
-from verl_hyperlight._guest import guest_for
+from verl_hyperlight.case import api as _api
+from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.case.guests import guest_for
+from verl_hyperlight.errors import BackendError, FailingFast
+from verl_hyperlight.hluk import process as _hluk
 
 AT_ONCE = "answered at once"
 OPENED = "so its cases are answered SandboxError at once"
@@ -224,19 +226,21 @@ def test_readiness_checks_are_not_counted_as_cases_answered_at_once(
 
 class RaceClock:
     """The gate's clock, with the interleaving of a fail-fast check and a recovering probe made
-    certain: the probing thread sees the back-off over; every other thread that reads the clock
-    while the probe runs lets it finish (the gate recovers) before it reads a time within the
-    back-off. Bounded waits: a gate that holds a lock across the clock only slows this down."""
+    certain: the probing thread (and the probe's own, which it starts) sees the back-off over;
+    every other thread that reads the clock while the probe runs lets it finish (the gate
+    recovers) before it reads a time within the back-off. Bounded waits: a gate that holds a
+    lock across the clock only slows this down."""
 
     def __init__(self, before: float, after: float) -> None:
         self.before, self.after = before, after
         self.prober: threading.Thread | None = None
+        self.probe: threading.Thread | None = None
         self.probing = threading.Event()
         self.caught_mid_check = threading.Event()
         self.recovered = threading.Event()
 
     def monotonic(self) -> float:
-        if threading.current_thread() is self.prober:
+        if threading.current_thread() in (self.prober, self.probe):
             return self.after
         if self.probing.is_set() and not self.recovered.is_set():
             self.caught_mid_check.set()
@@ -264,6 +268,7 @@ def test_checks_racing_a_probe_that_recovers_get_an_answer_never_an_internal_err
     monkeypatch.setattr(_warmup, "time", race)
 
     def up(*args: object) -> _warmup.Warmth:
+        race.probe = threading.current_thread()
         race.probing.set()
         race.caught_mid_check.wait(5)  # a check is between its reads of the gate's state
         return _warmup.Warmth(True, 0.0)
@@ -323,7 +328,7 @@ def test_a_batch_of_memory_hungry_solutions_is_theirs_and_does_not_open_the_gate
     assert len(host.case_runs()) - cases == 16
     assert len(host.warm_ups()) - probes == 0
     assert logged(caplog, OPENED) == []
-    assert _api.failures.counts == {}
+    assert _api.failures.counts() == {}
     # And the correct solutions after them score.
     later = in_threads(8, 8, lambda i: run(f"print({i})", memory=128))
     assert [result(r)[:4] for r in later] == [

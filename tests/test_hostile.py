@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import pytest
 from hostside import Host, Usage, processes_with, result, run, sandbox_error, wait_for
 
-from verl_hyperlight import _hluk
 from verl_hyperlight.guest.protocol import OUTPUT_LIMIT_STATUS
+from verl_hyperlight.hluk import process as _hluk
 
 MIB = 1024 * 1024
 # What the worker's resident memory may grow by over one hostile case and the normal one after

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from hostside import Host, option, result, run
 
-from verl_hyperlight import _hluk
 from verl_hyperlight.guest.protocol import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
+from verl_hyperlight.hluk import process as _hluk
 
 MIB = 1024 * 1024
 # Find the console among the solution's descriptors (the runner keeps it open) and write to it

@@ -215,7 +215,7 @@ def test_a_notebook_keeps_its_state_across_calls_through_the_console_input() -> 
     """The code tool's notebook in a real micro-VM: requests reach the guest through hluk's
     stdin (echoed on the console, decoded as text), the state carries over, large code and
     non-ASCII text pass, a call past its timeout ends the notebook and the next starts anew."""
-    from verl_hyperlight._session import Notebook
+    from verl_hyperlight.agent.notebook import Notebook
 
     notebook = Notebook("hyperlight://", 1024)
     try:

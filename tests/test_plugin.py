@@ -109,7 +109,7 @@ def test_a_broken_installation_is_reported_loudly_not_raised(tmp_path: Path) -> 
     done = run_python(
         """
         import sys
-        sys.modules["verl_hyperlight._warmup"] = None  # as if a module failed to import
+        sys.modules["verl_hyperlight.case.warmup"] = None  # as if a module failed to import
         import verl_hyperlight.plugin as plugin
         print(plugin.STATE)
         """,
@@ -118,3 +118,26 @@ def test_a_broken_installation_is_reported_loudly_not_raised(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert "the verl plugin failed to install" in done.stderr
     assert done.stdout.startswith("failed:")
+
+
+def test_importing_the_plugin_loads_nothing_of_the_case_path_but_the_url_parser() -> None:
+    # verl imports the plugin in every process; the URL parser is what its wrapper routes by.
+    done = run_python(
+        """
+        import importlib.util, sys
+        if importlib.util.find_spec("verl") is not None:
+            sys.exit("verl is importable here")
+        import verl_hyperlight.plugin
+        print(sorted(name for name in sys.modules if name.startswith("verl_hyperlight")))
+        """
+    )
+    if "verl is importable here" in done.stderr:
+        pytest.skip("verl is installed here: the plugin installs itself, importing run_code")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        "['verl_hyperlight',",
+        "'verl_hyperlight.case',",
+        "'verl_hyperlight.case.url',",
+        "'verl_hyperlight.errors',",
+        "'verl_hyperlight.plugin']",
+    ]

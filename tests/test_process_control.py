@@ -25,15 +25,17 @@ from hostside import (
     wait_for,
 )
 
-from verl_hyperlight import _casedir, _spawn, run_code
+from verl_hyperlight import run_code
+from verl_hyperlight import settings as _settings
+from verl_hyperlight.hluk import spawn as _spawn
 
 
-@pytest.fixture(params=_spawn.PATHS)
+@pytest.fixture(params=_settings.SPAWN_WAYS)
 def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each test here runs on each way of starting hluk (the spawner, setpriv, a fork)."""
     if request.param == "setpriv" and _spawn.setpriv() is None:
         pytest.skip("no setpriv with --pdeathsig here")
-    monkeypatch.setenv(_spawn.SPAWN_ENV, request.param)
+    monkeypatch.setenv(_settings.SPAWN.name, request.param)
     return str(request.param)
 
 
@@ -75,7 +77,7 @@ def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
     code = sleeper(marker) + "import time\ntime.sleep(60)\n"
     worker = subprocess.Popen(
         [sys.executable, "-c", WORKER, code, str(cases)],
-        env={**os.environ, _casedir.CASE_DIR_ENV: str(worker_tmp)},
+        env={**os.environ, _settings.CASE_DIR.name: str(worker_tmp)},
     )
     try:
         # The sleepers, the deepest processes (the marker also names the case directories in

@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 from test_conformance import REFERENCE_PYTHON, sandbox_fusion_run
 
-from verl_hyperlight import _guest_pytest, run_code
+from verl_hyperlight import run_code
+from verl_hyperlight.case import pytest_library as _guest_pytest
 from verl_hyperlight.guest import runner
 
 Shape = dict[str, object]

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from hostside import KVM_FAILURE, Host, fail_with
 
-from verl_hyperlight import _guest_pytest, run_code
+from verl_hyperlight import run_code
+from verl_hyperlight.case import pytest_library as _guest_pytest
 from verl_hyperlight.guest import protocol, runner
 
 
@@ -261,12 +262,12 @@ def test_concurrent_first_pytest_cases_share_one_copy_and_one_warm_up(host: Host
     with ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(run_pytest, codes))
     assert [r["status"] for r in replies] == ["Success"] * 8, replies
-    copies = list((host.cache / "verl-hyperlight").glob("pytest-*"))
-    assert len(copies) == 1 and copies[0].is_dir()
+    copies = [p for p in (host.cache / "verl-hyperlight").glob("pytest-*") if p.is_dir()]
+    assert len(copies) == 1
 
 
 def test_processes_making_the_copy_at_once_leave_one_whole_copy(tmp_path: Path) -> None:
-    make = "from verl_hyperlight import _guest_pytest; print(_guest_pytest.library())"
+    make = "from verl_hyperlight.case import pytest_library; print(pytest_library.library())"
     env = {**os.environ, "HLUK_CACHE_DIR": str(tmp_path)}
     processes = [
         subprocess.Popen([sys.executable, "-c", make], stdout=subprocess.PIPE, env=env)
@@ -275,7 +276,9 @@ def test_processes_making_the_copy_at_once_leave_one_whole_copy(tmp_path: Path) 
     printed = {process.communicate(timeout=120)[0].decode().strip() for process in processes}
     assert all(process.returncode == 0 for process in processes)
     (library,) = printed
-    assert sorted(p.name for p in (tmp_path / "verl-hyperlight").iterdir()) == [Path(library).name]
+    name = Path(library).name
+    left = sorted(p.name for p in (tmp_path / "verl-hyperlight").iterdir())
+    assert left == [_guest_pytest.COPYING_LOCK, name, name + _guest_pytest.LOCK_SUFFIX]
     for name in ("pytest/__init__.py", "_pytest/config/__init__.py", "pluggy/__init__.py"):
         assert (Path(library) / name).is_file()
     assert list(Path(library).glob("pluggy-*.dist-info/METADATA"))

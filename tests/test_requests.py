@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 from hostside import Host, option, result, run, sandbox_error
 
-from verl_hyperlight import _api, _casedir, run_code
+from verl_hyperlight import run_code
+from verl_hyperlight import settings as _settings
+from verl_hyperlight.case import api as _api
+from verl_hyperlight.case import casedir as _casedir
 
 MIB = 1024 * 1024
 
@@ -167,16 +170,16 @@ def test_case_directories_go_where_the_setting_says_and_an_unusable_one_is_said(
 ) -> None:
     chosen = host.tmpdir / "cases"
     chosen.mkdir()
-    monkeypatch.setenv(_casedir.CASE_DIR_ENV, str(chosen))
+    monkeypatch.setenv(_settings.CASE_DIR.name, str(chosen))
     run("pass")
     mounts = [option(argv, "--mount") for argv in host.case_runs()]
     assert mounts and all(str(mount).startswith(f"{chosen}/verl-hyperlight-") for mount in mounts)
     assert list(chosen.iterdir()) == [] and host.case_dirs() == []
 
-    monkeypatch.setenv(_casedir.CASE_DIR_ENV, str(host.tmpdir / "missing"))
+    monkeypatch.setenv(_settings.CASE_DIR.name, str(host.tmpdir / "missing"))
     response = run("print(1)")
     assert response["status"] == "SandboxError"
-    assert "missing" in response["message"] and _casedir.CASE_DIR_ENV in response["message"]
+    assert "missing" in response["message"] and _settings.CASE_DIR.name in response["message"]
 
 
 def test_without_a_tmpfs_case_directories_go_to_tmpdir_said_once(
@@ -190,7 +193,7 @@ def test_without_a_tmpfs_case_directories_go_to_tmpdir_said_once(
     mounts = [str(option(argv, "--mount")) for argv in host.case_runs()]
     assert [os.path.dirname(mount.split(":")[0]) for mount in mounts] == [str(host.tmpdir)] * 3
     [said] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert f"there is no tmpfs at {missing}" in said and _casedir.CASE_DIR_ENV in said, said
+    assert f"there is no tmpfs at {missing}" in said and _settings.CASE_DIR.name in said, said
     assert host.case_dirs() == []
 
 

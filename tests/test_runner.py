@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_hyperlight import _guest
+from verl_hyperlight.case import guests as _guest
 from verl_hyperlight.guest import runner
 
 
@@ -554,7 +554,7 @@ def as_a_console_passes_it(frames: bytes, noise: bytes) -> bytes:
 def test_the_hosts_parser_reads_what_the_runner_writes(
     output_case: runner._Case, tmp_path: Path, read_size: int
 ) -> None:
-    from verl_hyperlight import _console
+    from verl_hyperlight.hluk import console as _console
 
     (tmp_path / "stdout").write_bytes(b"\xce\xbbx\n")
     (tmp_path / "stderr").write_bytes(b"err")
@@ -573,7 +573,7 @@ def test_the_hosts_parser_reads_what_the_runner_writes(
 
 
 def test_frames_of_another_nonce_or_malformed_are_not_the_runners() -> None:
-    from verl_hyperlight import _console
+    from verl_hyperlight.hluk import console as _console
 
     nonce = "ab" * 16
     console = _console.Console(nonce)
@@ -586,7 +586,7 @@ def test_frames_of_another_nonce_or_malformed_are_not_the_runners() -> None:
 
 
 def test_the_copy_out_budget_counts_the_fetched_files_too() -> None:
-    from verl_hyperlight import _hluk
+    from verl_hyperlight.hluk import process as _hluk
 
     protocol = runner.protocol
     end = protocol.End(0, 0.1, None, (3, 4), (5, protocol.FILE_MISSING, protocol.FILE_LEFT_OUT))

@@ -12,16 +12,18 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_conformance import LIBRARIES_PYTHON_ENV
+from hostside import KVM_FAILURE, URL, Host, fail_with, notebooks, option, processes_with, wait_for
+from test_conformance import LIBRARIES_PYTHON_ENV, known_limits
 
 import verl_hyperlight
-from verl_hyperlight import selftest as st
-from verl_hyperlight.conformance import FAMILIES, PROGRAMS, Interpreter, load_recording
+from verl_hyperlight.commands import selftest as st
+from verl_hyperlight.commands.conformance import FAMILIES, PROGRAMS, Interpreter, load_recording
 
 # A whole run of the corpus on two shared cores, with room for a loaded machine.
 CORPUS_TIMEOUT = 600
@@ -34,11 +36,24 @@ CLI = "import sys; from verl_hyperlight.cli import main; sys.exit(main(sys.argv[
 # What the command runs, on the programs named only, printing the report as JSON.
 PART = """
 import json, sys
-from verl_hyperlight import selftest
-from verl_hyperlight.conformance import PROGRAMS
+from verl_hyperlight.commands import selftest
+from verl_hyperlight.commands.conformance import PROGRAMS
 part = [p for p in PROGRAMS if p.name in sys.argv[2:]]
 print(json.dumps(selftest.as_json(selftest.selftest(sys.argv[1], selftest.default_jobs(), part))))
 """
+
+
+def environment(env: dict[str, str], pythonpath: Path | None = None) -> dict[str, str]:
+    """This process's environment with `env`'s hluk (and nothing of its own hluk's)."""
+    environ = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("HLUK_", "VERL_HYPERLIGHT_"))
+    }
+    environ.update(env, VERL_HYPERLIGHT_HLUK_ENV="HLUK_STANDIN_*")
+    if pythonpath is not None:
+        environ["PYTHONPATH"] = str(pythonpath)
+    return environ
 
 
 def python(
@@ -49,19 +64,11 @@ def python(
     timeout: float = CORPUS_TIMEOUT,
 ) -> subprocess.CompletedProcess[str]:
     """Run `code` in a process of its own whose hluk is the one `env` names."""
-    environ = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("HLUK_", "VERL_HYPERLIGHT_"))
-    }
-    environ.update(env, VERL_HYPERLIGHT_HLUK_ENV="HLUK_STANDIN_*")
-    if pythonpath is not None:
-        environ["PYTHONPATH"] = str(pythonpath)
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
-        env=environ,
+        env=environment(env, pythonpath),
         timeout=timeout,
     )
 
@@ -82,6 +89,12 @@ DOCUMENTED = {p.name for p in PROGRAMS if p.divergence is not None and not p.nee
 NEEDING_LIBRARIES = {p.name for p in PROGRAMS if p.needs}
 
 
+def test_the_known_limits_a_verdict_quotes_are_the_readmes_own_sentences() -> None:
+    said = " ".join(known_limits().split())
+    quoted = {p.divergence.limit for p in PROGRAMS if p.divergence is not None}
+    assert quoted and [limit for limit in sorted(quoted) if limit not in said] == []
+
+
 def test_selftest_agrees_on_the_stand_in_except_the_documented_divergences(
     standin_env: dict[str, str],
 ) -> None:
@@ -89,7 +102,7 @@ def test_selftest_agrees_on_the_stand_in_except_the_documented_divergences(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["ok"] is True and report["broken"] == ""
-    assert [c["name"] for c in report["checks"]] == ["hluk", "snapshot", "case"]
+    assert [c["name"] for c in report["checks"]] == ["hluk", "snapshot", "case", "notebook"]
     assert _verdicts(report, "known limit") == DOCUMENTED
     assert _verdicts(report, "skipped") == NEEDING_LIBRARIES  # the python image has neither
     assert _verdicts(report, "agreed") == {p.name for p in PROGRAMS} - DOCUMENTED - (
@@ -228,3 +241,126 @@ def test_programs_the_backend_failed_are_one_paragraph_per_cause_not_a_list_of_d
     assert "    | " not in text  # no program's code: they were not run
     assert "5 failed in the backend (SandboxError)" in text.splitlines()[-2]
     assert text.splitlines()[-1].startswith("FAILED")
+
+
+# ---------------------------------------------------------------------------------------------
+# the notebook path, and Ctrl-C (issue 24)
+
+
+def test_the_notebook_check_starts_one_shares_a_variable_between_two_calls_and_ends_it(
+    host: Host,
+) -> None:
+    check = st.notebook_check(URL)
+    assert (check.name, check.status) == ("notebook", "ok"), check
+    assert "kept a variable between two calls" in check.detail
+    assert "the next call found a new one" in check.detail
+    assert notebooks() == {}  # both notebooks it started have ended
+    # Two notebooks, each started as a case starts (through the guest's gate).
+    started = [argv for argv in host.runs() if ".notebook(" in (option(argv, "--exec") or "")]
+    assert len(started) == 2
+
+
+def test_a_notebook_that_cannot_start_fails_its_check_with_the_fix(
+    host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    st.notebook_check(URL)  # the guest warm: its gate stays closed for what follows
+    fail_with(monkeypatch, fail_file, KVM_FAILURE, 100)
+    check = st.notebook_check(URL)
+    assert (check.name, check.status) == ("notebook", "fail"), check
+    assert check.detail.startswith("its call 'shared = 41' answered ")
+    assert "Permission denied" in check.detail and check.fix
+    assert notebooks() == {}
+
+
+def case_runs(argv_log: Path) -> int:
+    if not argv_log.exists():
+        return 0
+    return sum("--mount" in json.loads(line) for line in argv_log.read_text().splitlines())
+
+
+def test_ctrl_c_stops_the_corpus_at_once_cancelling_its_cases_and_says_what_it_checked(
+    standin_env: dict[str, str], tmp_path: Path
+) -> None:
+    argv_log, case_dirs = tmp_path / "argv.jsonl", tmp_path / "cases"
+    case_dirs.mkdir()
+    env = {
+        **standin_env,
+        "HLUK_STANDIN_ARGV_LOG": str(argv_log),
+        "VERL_HYPERLIGHT_CASE_DIR": str(case_dirs),
+    }
+    jobs = 2
+    command = subprocess.Popen(
+        [sys.executable, "-c", CLI, "selftest", "--jobs", str(jobs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment(env),
+    )
+    try:
+        # The checks' case, the guest's version, then the corpus's: a few of them run.
+        assert wait_for(lambda: case_runs(argv_log) >= 12, limit=CORPUS_TIMEOUT)
+        at_the_signal = case_runs(argv_log)
+        command.send_signal(signal.SIGINT)
+        stdout, stderr = command.communicate(timeout=CORPUS_TIMEOUT)
+    finally:
+        command.kill()
+    # Only the cases in flight then had started (a case ending as it was read let one more
+    # start); the others never did.
+    assert case_runs(argv_log) <= at_the_signal + 2 * jobs, "the corpus ran on after Ctrl-C"
+    assert command.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr
+    checks = re.findall(r"^(ok|warn|fail) +(\S+)", stdout, re.M)
+    assert [name for _, name in checks] == ["hluk", "snapshot", "case", "notebook"]
+    assert "fail" not in [status for status, _ in checks]
+    lines = stdout.splitlines()
+    checked = re.match(r"interrupted \(Ctrl-C\) with (\d+) of (\d+) programs checked: ", lines[-2])
+    assert checked and int(checked[2]) == len(PROGRAMS), lines[-2]
+    assert lines[-1].startswith("INTERRUPTED: no verdict on this node")
+    assert "BACKEND FAILURE" not in stdout  # a cancelled case is no program's answer
+    assert wait_for(lambda: not processes_with(str(case_dirs)))  # its micro-VMs were killed
+    assert list(case_dirs.iterdir()) == []
+
+
+def test_ctrl_c_during_the_checks_stops_the_warm_up_and_says_what_was_checked(
+    standin_env: dict[str, str], tmp_path: Path
+) -> None:
+    hang = tmp_path / "hang"
+    hang.write_text("1")  # the warm-up's probe hangs before the boot, for up to 900 s
+    env = {
+        **standin_env,
+        "HLUK_CACHE_DIR": str(tmp_path / "cold-cache"),
+        "HLUK_STANDIN_HANG_FILE": str(hang),
+        "VERL_HYPERLIGHT_STARTUP_TIMEOUT": "900",
+    }
+    command = subprocess.Popen(
+        [sys.executable, "-c", CLI, "selftest", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment(env),
+    )
+    try:
+        assert wait_for(lambda: hang.read_text() == "0", limit=BROKEN_TIMEOUT)
+        command.send_signal(signal.SIGINT)
+        stdout, stderr = command.communicate(timeout=BROKEN_TIMEOUT)
+    finally:
+        command.kill()
+    assert command.returncode == 130, stderr[-3000:]
+    report = json.loads(stdout)
+    assert report["interrupted"] is True and report["ok"] is False
+    assert [check["name"] for check in report["checks"]] == ["hluk"]
+    assert report["outcomes"] == []
+    assert wait_for(lambda: not processes_using(tmp_path / "cold-cache"))
+
+
+def processes_using(cache: Path) -> list[int]:
+    """Live processes given `cache` as their hluk cache (hluk runs, and what they started)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"HLUK_CACHE_DIR={cache}\0".encode() in environ:
+            found.append(int(entry))
+    return found

@@ -11,19 +11,22 @@ import base64
 import contextlib
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from hostside import KVM_FAILURE, Host, fail_with, processes_with, wait_for
+from hostside import KVM_FAILURE, Host, descendants_of, fail_with, processes_with, wait_for
 from serving import Served
 
 Serve = Callable[..., Served]
@@ -276,6 +279,161 @@ def test_a_token_when_set_is_required_on_run_code(serve: Serve) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# every route, method and odd path, answered byte for byte as FastAPI answers them (the service
+# is a FastAPI application): its 404, its 405 with Allow, its redirect of a trailing slash
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE")
+OTHERS = "every other method"
+
+
+def exchange(served: Served, request: bytes) -> bytes:
+    """What the server sends back for `request` until it closes the connection, with its date,
+    request id and port as placeholders."""
+    port = int(served.base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+        connection.sendall(request)
+        received = b""
+        while chunk := connection.recv(65536):
+            received += chunk
+    received = re.sub(rb"\r\ndate: [^\r]+\r\n", b"\r\ndate: DATE\r\n", received)
+    received = re.sub(rb"\r\nx-request-id: [0-9a-f]{16}\r\n", b"\r\nx-request-id: ID\r\n", received)
+    return received.replace(f"127.0.0.1:{port}".encode(), b"127.0.0.1:PORT")
+
+
+def request_bytes(
+    method: str, target: str, *headers: str, version: str = "HTTP/1.1", content: bytes = b""
+) -> bytes:
+    lines = [f"{method} {target} {version}", *headers, "connection: close"]
+    if content:
+        lines += ["content-type: application/json", f"content-length: {len(content)}"]
+    return "\r\n".join([*lines, "", ""]).encode("latin-1") + content
+
+
+def sent(status: str, *headers: str, content: bytes = b"") -> bytes:
+    """An answer as uvicorn writes it: its date and server first, the request id and the
+    connection last."""
+    lines = [f"HTTP/1.1 {status}", "date: DATE", "server: uvicorn", *headers]
+    lines += ["x-request-id: ID", "connection: close"]
+    return "\r\n".join([*lines, "", ""]).encode("latin-1") + content
+
+
+def sent_json(status: str, content: bytes, *headers: str) -> bytes:
+    length = f"content-length: {len(content)}"
+    return sent(status, *headers, length, "content-type: application/json", content=content)
+
+
+def not_allowed(allowed: str) -> bytes:
+    return sent_json(
+        "405 Method Not Allowed", b'{"detail":"Method Not Allowed"}', f"allow: {allowed}"
+    )
+
+
+def redirected(location: str) -> bytes:
+    return sent("307 Temporary Redirect", "content-length: 0", f"location: {location}")
+
+
+def without_content(answer: bytes) -> bytes:
+    """An answer to HEAD: uvicorn sends its headers alone."""
+    return answer.partition(b"\r\n\r\n")[0] + b"\r\n\r\n"
+
+
+PONG = sent_json("200 OK", b'"pong"')
+NOT_FOUND = sent_json("404 Not Found", b'{"detail":"Not Found"}')
+JSON_INVALID = sent_json(
+    # uvicorn's phrase is the running Python's: "Unprocessable Content" from 3.13 (RFC 9110).
+    f"422 {HTTPStatus.UNPROCESSABLE_ENTITY.phrase}",
+    b'{"detail":[{"type":"json_invalid","loc":["body",1],"msg":"JSON decode error","input":{},'
+    b'"ctx":{"error":"Expecting property name enclosed in double quotes"}}]}',
+)
+# Each request is sent with Host "h" and, when it is a POST, the body "{" (JSON); None: pinned
+# apart (the text of GET /metrics is prometheus-client's).
+ANSWERS: dict[str, dict[str, bytes | None]] = {
+    "/v1/ping": {"GET": PONG, OTHERS: not_allowed("GET")},
+    "/v1/ping?x=1": {"GET": PONG, OTHERS: not_allowed("GET")},
+    "/readyz": {
+        "GET": sent_json("200 OK", b'{"ready":true,"reason":"ready"}'),
+        OTHERS: not_allowed("GET"),
+    },
+    "/metrics": {"GET": None, OTHERS: not_allowed("GET")},
+    "/run_code": {"POST": JSON_INVALID, OTHERS: not_allowed("POST")},
+    "/run_code?x=1": {"POST": JSON_INVALID, OTHERS: not_allowed("POST")},
+    "/": {OTHERS: NOT_FOUND},
+    "/nope": {OTHERS: NOT_FOUND},
+    "/v1": {OTHERS: NOT_FOUND},
+    "/V1/PING": {OTHERS: NOT_FOUND},
+    "//v1/ping": {OTHERS: NOT_FOUND},
+    "/run_code/x": {OTHERS: NOT_FOUND},
+    "/v1/ping/%3F": {OTHERS: NOT_FOUND},
+    "/v1/ping/": {OTHERS: redirected("http://h/v1/ping")},
+    "/v1/ping%2F": {OTHERS: redirected("http://h/v1/ping")},
+    "/readyz/?a=b&c=%20": {OTHERS: redirected("http://h/readyz?a=b&c=%20")},
+    "/metrics//": {OTHERS: redirected("http://h/metrics")},
+    "/run_code/": {OTHERS: redirected("http://h/run_code")},
+    # A path is matched whole: FastAPI's patterns (`^/v1/ping$`) also matched before a trailing
+    # newline, where a POST to /run_code's got 200 `null` past the token and the admission.
+    "/v1/ping%0A": {OTHERS: NOT_FOUND},
+    "/run_code%0A": {OTHERS: NOT_FOUND},
+    "/run_code%0A/": {OTHERS: NOT_FOUND},
+}
+# The redirect's location, by the request's Host (Starlette's rule: a valid one, else the
+# address the server listens on) and the scheme uvicorn took from a trusted proxy.
+REDIRECTS: list[tuple[list[str], str, str]] = [
+    (["host: example.org:8080"], "HTTP/1.1", "http://example.org:8080/v1/ping"),
+    (["host: [::1]:8080"], "HTTP/1.1", "http://[::1]:8080/v1/ping"),
+    (["host: [::zz]"], "HTTP/1.1", "http://127.0.0.1:PORT/v1/ping"),
+    (["host: [1:2:3:4:5:6:7:8:9]"], "HTTP/1.1", "http://127.0.0.1:PORT/v1/ping"),
+    (["host: h:00080"], "HTTP/1.1", "http://h:00080/v1/ping"),
+    (["host: a b"], "HTTP/1.1", "http://127.0.0.1:PORT/v1/ping"),
+    (["host: h:99999"], "HTTP/1.1", "http://127.0.0.1:PORT/v1/ping"),
+    (["host: h:"], "HTTP/1.1", "http://127.0.0.1:PORT/v1/ping"),
+    (["host: first", "host: second"], "HTTP/1.1", "http://first/v1/ping"),
+    (["host: h", "x-forwarded-proto: https"], "HTTP/1.1", "https://h/v1/ping"),
+    ([], "HTTP/1.0", "http://127.0.0.1:PORT/v1/ping"),
+]
+
+
+def test_every_route_and_method_gets_fastapis_answer_byte_for_byte(serve: Serve) -> None:
+    served = serve()
+    for target, answers in ANSWERS.items():
+        for method in METHODS:
+            expected = answers.get(method, answers[OTHERS])
+            if expected is None:
+                continue
+            content = b"{" if method == "POST" else b""
+            got = exchange(served, request_bytes(method, target, "host: h", content=content))
+            assert got == (without_content(expected) if method == "HEAD" else expected), (
+                method,
+                target,
+            )
+    for headers, version, location in REDIRECTS:
+        got = exchange(served, request_bytes("GET", "/v1/ping/", *headers, version=version))
+        assert got == redirected(location), headers
+
+
+def test_metrics_and_unreadiness_get_fastapis_answers_byte_for_byte(
+    serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    served = serve()
+    got = exchange(served, request_bytes("GET", "/metrics", "host: h"))
+    head, _, text = got.partition(b"\r\n\r\n")
+    length, kind = f"content-length: {len(text)}", f"content-type: {CONTENT_TYPE_LATEST}"
+    assert head + b"\r\n\r\n" == sent("200 OK", length, kind)
+    assert text.startswith(b"# HELP verl_hyperlight_cases_total Requests to /run_code")
+
+    broken = without_kvm(serve, monkeypatch, fail_file, tmp_path / "cache-without-kvm")
+    assert wait_for(
+        lambda: httpx.get(f"{broken.base}/readyz").json()["reason"] != "warming up", limit=30
+    )
+    got = exchange(broken, request_bytes("GET", "/readyz", "host: h"))
+    said = json.loads(got.partition(b"\r\n\r\n")[2])
+    assert said["ready"] is False
+    rendered = json.dumps(said, ensure_ascii=False, separators=(",", ":")).encode()
+    assert got == sent_json("503 Service Unavailable", rendered)
+
+
+# ---------------------------------------------------------------------------------------------
 # admission and load
 
 # An HLUK_PATH that counts the case runs going on at once (and the most at once) in a file, and
@@ -518,7 +676,7 @@ def test_the_plugin_and_run_code_never_import_the_servers_stack() -> None:
 
 def test_serve_without_its_extra_says_how_to_install_it() -> None:
     code = (
-        "import sys\nsys.modules['fastapi'] = None\n"
+        "import sys\nsys.modules['uvicorn'] = None\n"
         "from verl_hyperlight.cli import main\nsys.exit(main(['serve']))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -544,6 +702,24 @@ def test_host_fixture_is_what_the_server_runs(host: Host, serve: Serve) -> None:
 Answer = tuple[int, dict[bytes, bytes], bytes]
 
 
+def http_scope(method: str, path: str, headers: Any = ()) -> dict[str, Any]:
+    """An HTTP request's scope, as uvicorn makes it."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8080),
+    }
+
+
 async def asgi(
     app: Any, path: str, payload: bytes = b"", headers: Any = (), method: str = "POST"
 ) -> Answer:
@@ -563,22 +739,8 @@ async def asgi(
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8080),
-    }
     try:
-        await app(scope, receive, send)
+        await app(http_scope(method, path, headers), receive, send)
     except Exception:
         if not sent:
             return 500, {}, b"Internal Server Error"
@@ -612,7 +774,7 @@ def fastapi_route() -> Any:
     from fastapi import FastAPI
     from fastapi.responses import PlainTextResponse
 
-    from verl_hyperlight._request import RunCodeRequest
+    from verl_hyperlight.server.request import RunCodeRequest
 
     app = FastAPI()
 
@@ -656,6 +818,8 @@ BAD_REQUESTS: list[tuple[bytes, Any]] = [
     (b'{"code": "x", "fetch_files": [1, null]}', JSON),
     (b'{"code": 1, "language": 2, "run_timeout": [], "files": 3}', JSON),
     (b'{"code": NaN}', JSON),  # the error's input cannot be rendered: FastAPI's 500
+    (b'{"_sa": 1, "a": {"_sa_b": 2, "c_sa": 3}}', JSON),  # "_sa" keys: left out of the input
+    (b'{"code": "x", "files": {"_sa": 1}}', JSON),
     (b'{"code": "\xff"}', JSON),  # not UTF-8: FastAPI's 400
     (b"[" * 100_000, JSON),  # nested past the recursion limit: 400
     (b'{"code": "x"}', []),  # no content type: validated as bytes
@@ -682,7 +846,7 @@ GOOD_REQUESTS: list[tuple[bytes, Any]] = [
 
 
 def test_bad_requests_get_fastapis_answers_byte_for_byte() -> None:
-    from verl_hyperlight import serve
+    from verl_hyperlight.server import app as serve
 
     ours, theirs = serve.create_app(serve.Settings()), fastapi_route()
 
@@ -698,7 +862,7 @@ def test_bad_requests_get_fastapis_answers_byte_for_byte() -> None:
 
 
 def test_good_requests_are_read_as_fastapi_reads_them() -> None:
-    from verl_hyperlight._request import RunCodeRequest, parse
+    from verl_hyperlight.server.request import RunCodeRequest, parse
 
     theirs = fastapi_route()
 
@@ -710,6 +874,54 @@ def test_good_requests_are_read_as_fastapi_reads_them() -> None:
         assert isinstance(request, RunCodeRequest), payload
         assert fastapis[0] == 200
         assert repr(request.model_dump()).encode("utf-8", "surrogatepass") == fastapis[2]
+
+
+def test_a_route_that_fails_gets_a_500_and_its_failure_goes_on_to_uvicorn() -> None:
+    """As FastAPI answers (Starlette's ServerErrorMiddleware), so that uvicorn logs it."""
+    from verl_hyperlight.server import app as serve
+
+    class Broken:
+        def collect(self) -> Iterator[Any]:
+            raise RuntimeError("a collector failed")
+
+    app = serve.create_app(serve.Settings())
+    app.server.metrics.registry.register(Broken())
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        raise AssertionError("a GET's body is never read")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with pytest.raises(RuntimeError, match="a collector failed"):
+        asyncio.run(app(http_scope("GET", "/metrics"), receive, send))
+    start, content = sent
+    assert start["status"] == 500
+    length, kind, (request_id, _) = start["headers"]
+    assert (length, kind) == (
+        (b"content-length", b"21"),
+        (b"content-type", b"text/plain; charset=utf-8"),
+    )
+    assert request_id == b"x-request-id"
+    assert content == {"type": "http.response.body", "body": b"Internal Server Error"}
+
+
+def test_a_websocket_is_closed_at_once_as_fastapi_closes_one_it_has_no_route_for() -> None:
+    from verl_hyperlight.server import app as serve
+
+    app = serve.create_app(serve.Settings())
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "websocket.connect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {**http_scope("GET", "/v1/ping"), "type": "websocket", "scheme": "ws"}
+    asyncio.run(app(scope, receive, send))
+    assert sent == [{"type": "websocket.close", "code": 1000, "reason": ""}]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -812,14 +1024,167 @@ def test_a_flooded_queue_is_refused_before_the_bodies_are_read(serve: Serve) -> 
     assert metric(served, "verl_hyperlight_cases_in_flight") == 0
 
 
+def test_a_bodies_budget_that_holds_no_largest_body_is_refused_at_the_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from verl_hyperlight.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["serve", "--max-body-mb", "16", "--max-bodies-mb", "8"])
+    assert stopped.value.code == 2
+    assert "--max-bodies-mb is below --max-body-mb (16)" in capsys.readouterr().err
+
+
+def flood(served: Served, requests: list[list[bytes]], limit: float = 120) -> list[bytes]:
+    """Send `requests` at once, each on a connection of its own and as fast as the server reads
+    it, in parts (so that one large part can be shared by all); each one's whole answer. A
+    client stops sending once it is answered: a request turned away is answered before its
+    body has been sent."""
+    import selectors
+
+    port = int(served.base.rsplit(":", 1)[1])
+    answers = [bytearray() for _ in requests]
+    outgoing: dict[socket.socket, tuple[int, list[memoryview]]] = {}
+    with selectors.DefaultSelector() as selector:
+        for index, parts in enumerate(requests):
+            client = socket.create_connection(("127.0.0.1", port))
+            client.setblocking(False)
+            outgoing[client] = (index, [memoryview(part) for part in parts])
+            selector.register(client, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        deadline = time.monotonic() + limit
+        pending = set(outgoing)
+        while pending and time.monotonic() < deadline:
+            for key, events in selector.select(timeout=1):
+                client = key.fileobj
+                assert isinstance(client, socket.socket)
+                index, parts = outgoing[client]
+                if events & selectors.EVENT_READ:
+                    chunk = client.recv(65536)
+                    answers[index] += chunk
+                    if not chunk or whole_answer(answers[index]):
+                        selector.unregister(client)
+                        pending.discard(client)
+                        continue
+                if events & selectors.EVENT_WRITE:
+                    send_some(client, parts)
+                    if not parts:
+                        selector.modify(client, selectors.EVENT_READ)
+        for client in outgoing:
+            client.close()
+    assert not pending, f"{len(pending)} of {len(requests)} requests got no answer"
+    return [bytes(answer) for answer in answers]
+
+
+def send_some(client: socket.socket, parts: list[memoryview]) -> None:
+    """Send what the socket takes of the first of `parts`, dropping what was sent."""
+    try:
+        sent = client.send(parts[0][: 1 << 20])
+    except BlockingIOError:
+        return
+    except OSError:  # the server closed it, having answered
+        parts.clear()
+        return
+    parts[0] = parts[0][sent:]
+    if not parts[0]:
+        parts.pop(0)
+
+
+def whole_answer(data: bytearray) -> bool:
+    head, found, rest = bytes(data).partition(b"\r\n\r\n")
+    if not found:
+        return False
+    length = re.search(rb"(?im)^content-length: *(\d+)", head)
+    return length is not None and len(rest) >= int(length.group(1))
+
+
+def test_a_flood_of_large_bodies_holds_them_within_the_budget_and_answers_each(
+    serve: Serve,
+) -> None:
+    mib = 1024 * 1024
+    budget, clients = 32 * mib, 40
+    served = serve(
+        "--max-concurrent", "1", "--max-queue", str(clients), "--max-wait", "120",
+        "--max-body-mb", "16", "--max-bodies-mb", str(budget // mib),
+    )  # fmt: skip
+    assert served.post(body("print('warm')")).json()["status"] == "Success"
+    before = server_peak_rss_kib(served)
+    # 40 requests of almost 8 MiB each at once (320 MiB), their code a marker and a comment.
+    filler = b"x" * (8 * mib - 200)
+    requests = []
+    for index in range(clients):
+        start = b'{"language":"python","run_timeout":30,"code":"print(\'request %d\')\\n#' % index
+        end = b'"}'
+        head = (
+            b"POST /run_code HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % (len(start) + len(filler) + len(end))
+        )
+        requests.append([head + start, filler, end])
+    answers = flood(served, requests)
+    ran, refused = [], []
+    for index, answer in enumerate(answers):
+        status = answer.split(b" ", 2)[1]
+        if status == b"200":
+            reply = json.loads(answer.partition(b"\r\n\r\n")[2])
+            assert reply["run_result"]["stdout"] == f"request {index}\n", reply
+            ran.append(index)
+        else:
+            assert status == b"504", answer[:300]
+            assert b"retry-after: 1" in answer.lower()
+            assert (
+                b"verl-hyperlight is busy: the bodies of the requests it holds fill its 32 MiB "
+                b"for them (verl-hyperlight serve --max-bodies-mb)"
+            ) in answer
+            refused.append(index)
+    print(f"\n{len(ran)} of {clients} run, {len(refused)} turned away at once")
+    assert ran and len(ran) + len(refused) == clients
+    # Held: at most the budget, each body once; parsed and run: one more of each, for a while.
+    growth = (server_peak_rss_kib(served) - before) * 1024
+    print(f"the server's peak memory grew by {growth / mib:.0f} MiB (budget {budget // mib} MiB)")
+    assert growth < 4 * budget
+    assert metric(served, "verl_hyperlight_body_bytes_held") == 0
+    assert metric(served, 'verl_hyperlight_cases_total{status="rejected"}') == len(refused)
+
+
+def test_a_body_of_no_declared_length_is_held_as_it_arrives_and_turned_away_past_the_budget(
+    serve: Serve,
+) -> None:
+    mib = 1024 * 1024
+    served = serve("--max-body-mb", "16", "--max-bodies-mb", "16")
+    port = int(served.base.rsplit(":", 1)[1])
+    declared = json.dumps({"code": "print('declared')\n#" + "x" * (12 * mib)}).encode()
+    held = socket.create_connection(("127.0.0.1", port))
+    held.sendall(
+        b"POST /run_code HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(declared) + declared[:1024]
+    )
+    assert wait_for(lambda: metric(served, "verl_hyperlight_body_bytes_held") == len(declared))
+    # Chunked, 8 MiB: the budget's 4 MiB left take half of it.
+    chunk = b"%x\r\n%s\r\n" % (mib, b"y" * mib)
+    head = (
+        b"POST /run_code HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    )
+    [answer] = flood(served, [[head, *[chunk] * 8, b"0\r\n\r\n"]])
+    assert answer.startswith(b"HTTP/1.1 504 "), answer[:300]
+    assert b"the bodies of the requests it holds fill its 16 MiB" in answer
+    held.sendall(declared[1024:])
+    with held, held.makefile("rb") as reply:
+        assert reply.readline().startswith(b"HTTP/1.1 200 ")
+        while reply.readline() != b"\r\n":
+            pass
+        assert b'"stdout":"declared\\n"' in reply.read1(1 << 16)
+    assert wait_for(lambda: metric(served, "verl_hyperlight_body_bytes_held") == 0)
+
+
 def test_readyz_is_answered_while_a_large_body_is_parsed(
     hluk: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from verl_hyperlight import serve
+    from verl_hyperlight.server import app as serve
+    from verl_hyperlight.server import state
 
     parsing, answered = threading.Event(), threading.Event()
     held: list[bool] = []
-    real = serve.parse
+    real = state.parse
 
     def slow_parse(payload: bytes, content_type: bytes | None) -> Any:
         parsing.set()
@@ -827,7 +1192,7 @@ def test_readyz_is_answered_while_a_large_body_is_parsed(
         held.append(answered.wait(10))
         return real(payload, content_type)
 
-    monkeypatch.setattr(serve, "parse", slow_parse)
+    monkeypatch.setattr(state, "parse", slow_parse)
     app = serve.create_app(serve.Settings(max_run_timeout=1))
     large = json.dumps(body("print(1)", stdin="y" * (4 * 1024 * 1024))).encode()
 
@@ -848,7 +1213,7 @@ def test_readyz_is_answered_while_a_large_body_is_parsed(
 def test_a_cancelled_handler_cancels_its_case_and_stopping_waits_for_it(
     hluk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from verl_hyperlight import serve
+    from verl_hyperlight.server import app as serve
 
     monkeypatch.setenv("VERL_HYPERLIGHT_CASE_DIR", str(tmp_path))
     app = serve.create_app(serve.Settings(max_concurrent=1))
@@ -873,34 +1238,95 @@ def test_a_cancelled_handler_cancels_its_case_and_stopping_waits_for_it(
     assert not list(tmp_path.glob("verl-hyperlight-*"))
 
 
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def test_sigint_during_a_warm_up_exits_without_waiting_for_it(
     serve: Serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HLUK_STANDIN_HANG", "1")  # the warm-up's hluk hangs before its boot
     served = serve(ready=False, env={"HLUK_CACHE_DIR": str(tmp_path / "cold-cache")})
-    assert wait_for(lambda: descendants(served.process.pid), limit=30)
-    probes = descendants(served.process.pid)
+    assert wait_for(lambda: list(descendants_of(served.process.pid)), limit=30)
+    probes = list(descendants_of(served.process.pid))
     try:
         assert served.stop(signal.SIGINT, timeout=30) in (0, -signal.SIGINT)
     finally:
         for pid in probes:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+    assert "Application shutdown complete" in served.logged()
+
+
+# ---------------------------------------------------------------------------------------------
+# waits that honour a case's cancel (issue 24)
+
+
+@pytest.fixture
+def hung_warm_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[Callable[[Served], list[int]]]:
+    """The server's warm-up probe hangs before the boot, silent, for up to the warm-up's
+    900 s (the start-up deadline made as long, so no stall cuts it); its later runs work.
+    Yields what finds the hung probe's processes, killed at the end should the server leave
+    them."""
+    hang = tmp_path / "hang"
+    hang.write_text("1")
+    monkeypatch.setenv("HLUK_STANDIN_HANG_FILE", str(hang))
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "900")
+    hung: list[int] = []
+
+    def probes_of(served: Served) -> list[int]:
+        assert wait_for(lambda: hang.read_text() == "0", limit=30), "the probe never hung"
+        hung[:] = [pid for pid in list(descendants_of(served.process.pid)) if pid_runs_a_probe(pid)]
+        return hung
+
+    yield probes_of
+    for pid in hung:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def pid_runs_a_probe(pid: int) -> bool:
+    try:
+        return b".probe(" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def test_a_client_gone_during_a_900_s_probe_frees_its_thread_and_place_at_once(
+    serve: Serve, tmp_path: Path, hung_warm_up: Callable[[Served], list[int]]
+) -> None:
+    served = serve(
+        "--max-concurrent", "1", "--max-queue", "1", "--max-wait", "60",
+        ready=False, env={"HLUK_CACHE_DIR": str(tmp_path / "cold-cache")},
+    )  # fmt: skip
+    [probe] = hung_warm_up(served)
+    for _ in range(3):  # more clients than places: each leaves its own behind, or none
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(timeout=2) as client:
+            client.post(served.run_code_url, json=body("print(1)"))
+        # Its case stopped waiting for the probe: its thread ended and its place is free.
+        assert wait_for(lambda: metric(served, "verl_hyperlight_cases_in_flight") == 0), (
+            "the case of a client that went away still waits for the probe"
+        )
+    assert metric(served, "verl_hyperlight_cases_queued") == 0
+    assert metric(served, 'verl_hyperlight_cases_total{status="cancelled"}') == 3
+    assert pid_runs_a_probe(probe)  # the warm-up goes on, for readiness
+    assert httpx.get(f"{served.base}/readyz").status_code == 503
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_a_probe_that_cases_wait_for_stops_them_after_the_grace(
+    serve: Serve, tmp_path: Path, hung_warm_up: Callable[[Served], list[int]], sig: int
+) -> None:
+    served = serve(
+        "--grace", "1", "--max-concurrent", "3",
+        ready=False, env={"HLUK_CACHE_DIR": str(tmp_path / "cold")},
+    )  # fmt: skip
+    hung_warm_up(served)
+    waiting = [post_in_background(served, body(f"print({i})")) for i in range(3)]
+    assert wait_for(lambda: metric(served, "verl_hyperlight_cases_in_flight") == 3)
+    assert served.stop(sig, timeout=30) in (0, -sig)
+    for thread, answer in waiting:
+        thread.join()
+        if isinstance(answer[0], httpx.Response):  # else closed: never left waiting
+            assert answer[0].status_code == 200, answer[0].text
+            assert answer[0].json()["message"] == "the case was cancelled before it ended"
+    assert "cases still ending" not in served.logged()
     assert "Application shutdown complete" in served.logged()

@@ -18,9 +18,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from hostside import Host, children_of, processes_with, result, run, sandbox_error, wait_for
+from hostside import (
+    Host,
+    children_of,
+    processes_running,
+    processes_with,
+    result,
+    run,
+    sandbox_error,
+    wait_for,
+)
 
-from verl_hyperlight import _console, _hluk, _spawn, _warmup
+from verl_hyperlight import settings as _settings
+from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.hluk import console as _console
+from verl_hyperlight.hluk import process as _hluk
+from verl_hyperlight.hluk import spawn as _spawn
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_run_code.py"
 
@@ -28,10 +41,10 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_run_code.
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A process with no spawner yet, and one at most (the tests' own are put back after)."""
-    monkeypatch.delenv(_spawn.SPAWN_ENV, raising=False)
+    monkeypatch.delenv(_settings.SPAWN.name, raising=False)
     monkeypatch.setattr(_spawn, "_spawners", {})
     monkeypatch.setattr(_spawn, "SPAWNERS", 1)
-    monkeypatch.setattr(_spawn, "_spawner_failure", "")
+    monkeypatch.setattr(_spawn, "_starts", _spawn._Starts())
     yield
     for spawner in _spawn._spawners.values():
         if spawner.alive and spawner.process is not None:
@@ -97,14 +110,12 @@ def test_a_spawner_killed_before_the_solution_started_is_retried_on_another(
     assert any("spawner" in record.getMessage() for record in caplog.records)
 
 
-def test_a_spawner_killed_while_the_solution_ran_takes_its_hluk_and_is_not_retried(
-    host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run("pass")
-    first = spawner_pid()
-    marker = str(host.tmpdir)  # in hluk's argv: the case directory it mounts
-    # The spawner is killed once the host has read the solution's start from the console
-    # (so the test does not depend on how fast a loaded machine gets there).
+def sleeping_case(
+    monkeypatch: pytest.MonkeyPatch, run_timeout: float
+) -> tuple[threading.Thread, list[dict[str, object]]]:
+    """A case whose solution sleeps for 30 s, run in a thread (its answer is put in the list),
+    once the host has read the solution's start from the console (so that a test does not
+    depend on how fast a loaded machine gets there)."""
     started = threading.Event()
     frame = _console.Console._frame
 
@@ -116,9 +127,19 @@ def test_a_spawner_killed_while_the_solution_ran_takes_its_hluk_and_is_not_retri
     monkeypatch.setattr(_console.Console, "_frame", noting_the_start)
     answers: list[dict[str, object]] = []
     code = "import time\ntime.sleep(30)\n"
-    thread = threading.Thread(target=lambda: answers.append(run(code, run_timeout=60)))
+    thread = threading.Thread(target=lambda: answers.append(run(code, run_timeout=run_timeout)))
     thread.start()
     assert started.wait(60)
+    return thread, answers
+
+
+def test_a_spawner_killed_while_the_solution_ran_takes_its_hluk_and_is_not_retried(
+    host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run("pass")
+    first = spawner_pid()
+    marker = str(host.tmpdir)  # in hluk's argv: the case directory it mounts
+    thread, answers = sleeping_case(monkeypatch, run_timeout=60)
     os.kill(first, signal.SIGKILL)
     thread.join(120)
     # hluk was killed with it once the solution had started: a sandbox error, not retried
@@ -156,11 +177,82 @@ def test_a_spawner_that_cannot_start_leaves_cases_to_the_next_way_with_one_warni
     assert not any(spawner.alive for spawner in _spawn._spawners.values())
 
 
+def hluk_parent_during(case: str, marker: str) -> int:
+    """The parent of the hluk that runs `case` (a solution that sleeps), seen while it runs."""
+    thread = threading.Thread(target=run, args=(case,), kwargs={"run_timeout": 1})
+    thread.start()
+    try:
+
+        def running() -> dict[int, int]:
+            """Each hluk of the case with its parent."""
+            hluks = set(processes_with("/standin/hluk\0"))
+            return {pid: p for pid, p in processes_running(marker).items() if pid in hluks}
+
+        assert wait_for(running)
+        ((_, parent),) = running().items()
+        return parent
+    finally:
+        thread.join()
+
+
+def test_a_spawner_start_that_fails_once_is_tried_again_and_later_cases_go_through_it(
+    host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A passing EAGAIN of pids.max, ENOMEM, a slow start: the first start fails, the next
+    # works. The back-off lasts while the start would fail, and is over once it would work.
+    caplog.set_level(logging.WARNING, "verl_hyperlight")
+    monkeypatch.setattr(_spawn, "SPAWNER_RETRY_SECONDS", 3600.0)
+    script = _spawn.SPAWNER_SCRIPT
+    monkeypatch.setattr(_spawn, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
+    marker = str(host.tmpdir)  # in hluk's argv: the case directory it mounts
+    sleeper = "import time\ntime.sleep(30)\n"
+    for _ in range(2):
+        assert hluk_parent_during(sleeper, marker) == os.getpid()  # through setpriv or a fork
+    monkeypatch.setattr(_spawn, "SPAWNER_SCRIPT", script)
+    monkeypatch.setattr(_spawn, "SPAWNER_RETRY_SECONDS", 0.0)
+    assert result(run("print(1)"))[3] == "1\n"  # starts the retry, and takes the next way
+    assert wait_for(lambda: 0 in _spawn._spawners and _spawn._spawners[0].alive)
+    for _ in range(2):
+        assert hluk_parent_during(sleeper, marker) == spawner_pid()
+    said = [r.getMessage() for r in caplog.records if "spawner" in r.getMessage()]
+    assert len(said) == 2, said
+    assert "cannot start the spawner" in said[0] and "tried again" in said[0]
+    assert "started again (1 starts had failed)" in said[1]
+
+
+def test_a_frozen_spawner_holds_no_case_past_its_time_limit(
+    host: Host,
+    fresh: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(_spawn, "SPAWNER_STOP_SECONDS", 0.5)
+    run("pass")
+    spawner = spawner_pid()
+    marker = str(host.tmpdir)  # in hluk's argv: the case directory it mounts
+    thread, answers = sleeping_case(monkeypatch, run_timeout=1)
+    try:
+        os.kill(spawner, signal.SIGSTOP)  # the spawner hears of nothing until it is resumed
+        thread.join(60)
+        # The case is answered by its own time limit, and its hluk killed by the case.
+        assert not thread.is_alive()
+        assert [result(answer)[:2] for answer in answers] == [("Failed", "TimeLimitExceeded")]
+        assert wait_for(lambda: not processes_with(marker)), processes_with(marker)
+    finally:
+        os.kill(spawner, signal.SIGCONT)
+        thread.join()
+    said = [r.getMessage() for r in caplog.records if "did not say within" in r.getMessage()]
+    assert len(said) == 1 and f"pid {spawner}" in said[0]
+    assert wait_for(lambda: not children_of(spawner))  # resumed, it reaps what it had
+    assert result(run("print(12)"))[3] == "12\n"
+    assert spawner_pid() == spawner
+
+
 def test_an_unknown_way_is_logged_once_and_the_spawner_used(
     host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     setting = f"vfork-{uuid.uuid4().hex[:6]}"  # a new value: the choice is cached per value
-    monkeypatch.setenv(_spawn.SPAWN_ENV, setting)
+    monkeypatch.setenv(_settings.SPAWN.name, setting)
     for _ in range(2):
         assert result(run("print(4)"))[3] == "4\n"
     errors = [r.getMessage() for r in caplog.records if setting in r.getMessage()]
@@ -168,13 +260,13 @@ def test_an_unknown_way_is_logged_once_and_the_spawner_used(
     assert _spawn._spawners[0].alive
 
 
-@pytest.mark.parametrize("way", _spawn.PATHS)
+@pytest.mark.parametrize("way", _settings.SPAWN_WAYS)
 def test_a_hluk_that_cannot_be_executed_is_a_backend_failure_on_every_way(
     host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
 ) -> None:
     if way == "setpriv" and _spawn.setpriv() is None:
         pytest.skip("no setpriv with --pdeathsig here")
-    monkeypatch.setenv(_spawn.SPAWN_ENV, way)
+    monkeypatch.setenv(_settings.SPAWN.name, way)
     run("pass")  # warm, so the failure is the case's own
     broken = tmp_path / "hluk"
     broken.write_bytes(b"\x7fELF not really")  # executable, but not a program
@@ -187,7 +279,8 @@ def test_a_hluk_that_cannot_be_executed_is_a_backend_failure_on_every_way(
 
 FORKING_WORKER = """
 import os, sys
-from verl_hyperlight import _spawn, run_code
+from verl_hyperlight import run_code
+from verl_hyperlight.hluk import spawn as _spawn
 _spawn.SPAWNERS = 1
 def case():
     response, error = run_code("hyperlight://", "print(5)", "", None, 10, None)

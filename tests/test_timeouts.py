@@ -93,7 +93,7 @@ def test_copying_the_output_out_is_not_charged_to_run_timeout(
 def test_a_copy_out_past_its_own_budget_is_a_sandbox_error(
     hluk: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from verl_hyperlight import _hluk
+    from verl_hyperlight.hluk import process as _hluk
 
     run("pass", 10)
     monkeypatch.setenv("HLUK_STANDIN_CONSOLE_BYTES_PER_SECOND", str(2 * MIB))

@@ -5,8 +5,12 @@ driven as verl's agent loop drives a tool (create, execute, release), against th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import os
+import re
+import string
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,7 +28,7 @@ import yaml
 from hostside import Host, fail_with, notebooks, processes_with, still_running, wait_for
 from verl.tools.tool_registry import initialize_tools_from_config
 
-from verl_hyperlight._tool import NO_STDOUT, NOT_RUN, SESSION_ENDED, SESSIONS_FULL
+from verl_hyperlight.agent.calls import NO_STDOUT, NOT_RUN, NOTEBOOK_RESTARTED
 
 CLASS = "verl_hyperlight.tool.CodeInterpreterTool"
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "code_tool.yaml"
@@ -309,18 +313,21 @@ def test_release_ends_a_notebook_kept_by_its_instance(host: Host, tmp_path: Path
         tool.runner.close()
 
 
-def test_notebooks_idle_past_their_timeout_end_and_the_cap_is_answered(
+def test_notebooks_idle_past_their_timeout_end_and_at_the_cap_the_least_recent_makes_room(
     host: Host, tmp_path: Path
 ) -> None:
+    """agent_data that cannot be weakly referenced (a SimpleNamespace) gives no end: such
+    notebooks are kept by request id and ended by the cap and the idle timeout, and the
+    trajectory is told its state is gone."""
     tool = load(tmp_path, session="trajectory", max_sessions=1, session_idle_timeout=3)
     try:
         assert in_trajectory(tool, "t1", "y = 1\nprint(y)") == "1\n"
         held = notebooks()
-        assert in_trajectory(tool, "t2", "print(2)") == SESSIONS_FULL
-        assert wait_for(lambda: not still_running(held), 15)  # t1 idle past 3 s: ended
-        assert in_trajectory(tool, "t2", "print(2)") == "2\n"
-        assert wait_for(lambda: not notebooks(), 15)
-        assert "NameError" in in_trajectory(tool, "t1", "print(y)")
+        assert in_trajectory(tool, "t2", "print(2)") == "2\n"  # t1's notebook made room
+        assert wait_for(lambda: not still_running(held), 15)
+        assert wait_for(lambda: not notebooks(), 15)  # t2's, idle past 3 s: ended
+        text = in_trajectory(tool, "t1", "print(y)")
+        assert "NameError" in text and text.endswith(f"\n{NOTEBOOK_RESTARTED}")
     finally:
         tool.runner.close()
 
@@ -330,7 +337,7 @@ def test_a_timed_out_call_ends_its_notebook_and_says_so(host: Host, tmp_path: Pa
     try:
         in_trajectory(tool, "t1", "z = 5")
         text = in_trajectory(tool, "t1", "import time\ntime.sleep(60)", timeout=1)
-        assert text == f"{NO_STDOUT}\n{SESSION_ENDED}"
+        assert text == f"{NO_STDOUT}\n{NOTEBOOK_RESTARTED}"
         assert "NameError" in in_trajectory(tool, "t1", "print(z)")
     finally:
         tool.runner.close()
@@ -373,3 +380,188 @@ time.sleep(600)
         worker.wait()
     # Orphans would no longer be the worker's descendants: the pids held are what is checked.
     assert wait_for(lambda: not still_running(held))
+
+
+# ---------------------------------------------------------------------------------------------
+# Through verl 0.9's own ToolAgentLoop, with a scripted model in place of the inference server
+# and a tokenizer of single characters made here: its run, its tool calls, and the end of its
+# trajectory, which it tells a tool nothing of but by dropping its agent_data.
+
+
+def character_tokenizer() -> Any:
+    """A Hugging Face tokenizer of one token per printable character, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+    vocab = {token: n for n, token in enumerate(specials + sorted(set(string.printable)))}
+    model = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    model.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    model.decoder = decoders.Fuse()
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=model,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        chat_template=template,
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": specials[2:]})
+    return tokenizer
+
+
+class ScriptedModel:
+    """verl's server manager for one trajectory: each turn calls the code interpreter with the
+    next of `codes`, then a last turn calls nothing; it keeps the prompts it was given (where
+    the tool's answers are) and the notebooks up at its last turn."""
+
+    def __init__(self, tokenizer: Any, codes: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.codes = codes
+        self.prompts: list[str] = []
+        self.held: dict[int, bytes] = {}
+
+    async def generate(self, request_id: str, prompt_ids: list[int], **kwargs: Any) -> Any:
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.prompts.append(self.tokenizer.decode(prompt_ids))
+        turn = len(self.prompts) - 1
+        if turn < len(self.codes):
+            arguments = {"name": "code_interpreter", "arguments": {"code": self.codes[turn]}}
+            text = f"<tool_call>{json.dumps(arguments)}</tool_call>"
+        else:
+            self.held.update(notebooks())
+            text = "done"
+        ids = self.tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
+        return TokenOutput(token_ids=ids)
+
+    def answers(self) -> list[str]:
+        """What the tool answered, as the model read it."""
+        return re.findall(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", self.prompts[-1], re.DOTALL)
+
+
+def tool_agent_loop(tool: Any, model: ScriptedModel, full_determinism: bool = False) -> Any:
+    """verl's ToolAgentLoop for one trajectory, as its agent-loop worker builds one (within the
+    running event loop, which it keeps)."""
+    agent_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop")
+    tool_agent = pytest.importorskip("verl.experimental.agent_loop.tool_agent_loop")
+    from omegaconf import OmegaConf
+
+    rollout = {
+        "multi_turn": {
+            "max_user_turns": 8,
+            "max_assistant_turns": 8,
+            "max_parallel_calls": 1,
+            "max_tool_response_length": 10_000,
+            "tool_response_truncate_side": "right",
+            "format": "hermes",
+        },
+        "prompt_length": 8192,
+        "response_length": 8192,
+        "full_determinism": full_determinism,
+    }
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}, "data": {}})
+    return tool_agent.ToolAgentLoop(
+        trainer_config=agent_loop.DictConfigWrap(config),
+        server_manager=model,
+        tokenizer=model.tokenizer,
+        processor=None,
+        dataset_cls=None,
+        data_config=agent_loop.DictConfigWrap(config.data),
+        tools=agent_loop.ToolListWrap([tool]),
+    )
+
+
+async def trajectory(tool: Any, model: ScriptedModel, full_determinism: bool = False) -> None:
+    """One trajectory run by verl's loop; priority 0 for each, as equal det-N ids come."""
+    loop = tool_agent_loop(tool, model, full_determinism)
+    await loop.run({}, priority=0, raw_prompt=[{"role": "user", "content": "compute"}])
+
+
+@pytest.mark.parametrize("full_determinism", [False, True])
+def test_verls_tool_agent_loop_keeps_a_notebook_per_trajectory_ended_when_its_run_returns(
+    host: Host, tmp_path: Path, full_determinism: bool
+) -> None:
+    """Two trajectories at once (with full_determinism both named det-0): each reads back its
+    own state, and once verl's run returns, its notebook is ended, not left for the idle
+    timeout."""
+    tool = load(tmp_path, session="trajectory")
+    tokenizer = character_tokenizer()
+    first = ScriptedModel(tokenizer, ["x = 41", "print(x + 1)"])
+    second = ScriptedModel(tokenizer, ["x = 'mine'", "print(x)"])
+
+    async def both() -> None:
+        await asyncio.gather(
+            trajectory(tool, first, full_determinism), trajectory(tool, second, full_determinism)
+        )
+
+    try:
+        asyncio.run(both())
+        assert (first.answers(), second.answers()) == (["", "42\n"], ["", "mine\n"])
+        held = {**first.held, **second.held}
+        assert len(held) == 2
+        assert wait_for(lambda: not still_running(held))
+        assert not tool.runner.notebooks.by_key
+    finally:
+        tool.runner.close()
+
+
+def test_a_cancelled_trajectorys_notebook_ends_once_verl_drops_its_task(
+    host: Host, tmp_path: Path
+) -> None:
+    """A run cancelled during its call (an aborted rollout): its agent_data lives on in the
+    cancelled task's exception until the task is dropped, then its notebook ends."""
+    tool = load(tmp_path, session="trajectory")
+    model = ScriptedModel(character_tokenizer(), ["x = 1", "import time\ntime.sleep(60)"])
+
+    pool = tool.runner.notebooks
+
+    async def cancelled() -> dict[int, bytes]:
+        task = asyncio.ensure_future(trajectory(tool, model))
+        while len(model.prompts) < 2 or not notebooks():  # its second call is running
+            await asyncio.sleep(0.05)
+        held = notebooks()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        gc.collect()
+        assert pool.keys  # the task's exception holds run's frame, and so its agent_data
+        del task
+        return held
+
+    try:
+        held = asyncio.run(cancelled())
+        assert wait_for(lambda: not still_running(held))  # the cancel killed its micro-VM
+        gc.collect()  # the exception's traceback and the frames it holds form cycles
+        assert wait_for(lambda: not pool.keys and not pool.left and not pool.by_key)
+    finally:
+        tool.runner.close()
+
+
+def test_with_rollout_tracing_on_a_notebook_still_ends_when_its_run_returns(
+    host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's rollout tracing binds every traced call's inputs, the tool's execute's
+    agent_data among them; its trackio backend (a client double that keeps every trace it is
+    given) serializes them, so the trajectory's end is still seen."""
+    from verl.utils.rollout_trace import RolloutTraceConfig
+
+    traces: list[Any] = []
+    client = SimpleNamespace(Trace=SimpleNamespace, log=lambda data, step=None: traces.append(data))
+    config = RolloutTraceConfig.get_instance()
+    monkeypatch.setattr(config, "backend", "trackio")
+    monkeypatch.setattr(config, "client", client)
+    tool = load(tmp_path, session="trajectory")
+    model = ScriptedModel(character_tokenizer(), ["x = 41", "print(x + 1)"])
+    try:
+        asyncio.run(trajectory(tool, model))
+        assert model.answers() == ["", "42\n"]
+        assert any("CodeInterpreterTool.execute" in key for data in traces for key in data)
+        assert len(model.held) == 1
+        assert wait_for(lambda: not still_running(model.held))
+        assert not tool.runner.notebooks.by_key
+    finally:
+        tool.runner.close()

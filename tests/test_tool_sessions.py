@@ -14,8 +14,16 @@ from typing import Any
 import pytest
 from hostside import Host, fail_with, notebooks, still_running, wait_for
 
-from verl_hyperlight import _spawn, _tool
-from verl_hyperlight._tool import NOT_RUN, SESSION_ENDED, SESSIONS_FULL, CodeRunner, ToolSettings
+from verl_hyperlight import settings as _settings
+from verl_hyperlight.agent import calls as _tool
+from verl_hyperlight.agent.calls import (
+    NOT_RUN,
+    NOTEBOOK_RESTARTED,
+    NOTEBOOKS_FULL,
+    CodeRunner,
+    ToolSettings,
+)
+from verl_hyperlight.hluk import spawn as _spawn
 
 
 def tool(**config: Any) -> CodeRunner:
@@ -35,8 +43,8 @@ def runner(host: Host) -> Iterator[CodeRunner]:
     assert wait_for(lambda: not still_running(held))
 
 
-def ask(runner: CodeRunner, code: str, session: str | None = "a", **parameters: Any) -> str:
-    text, _ = asyncio.run(runner.call({"code": code, **parameters}, session))
+def ask(runner: CodeRunner, code: str, notebook_key: str | None = "a", **parameters: Any) -> str:
+    text, _ = asyncio.run(runner.call({"code": code, **parameters}, notebook_key))
     return text
 
 
@@ -51,16 +59,18 @@ def test_state_is_kept_across_a_trajectorys_calls(runner: CodeRunner) -> None:
 
 
 def test_another_trajectory_sees_none_of_it(runner: CodeRunner) -> None:
-    ask(runner, "secret = 7\nopen('mine.txt', 'w').write('a')", session="a")
-    other = ask(runner, "import os\nprint('secret' in globals(), os.listdir('.'))", session="b")
+    ask(runner, "secret = 7\nopen('mine.txt', 'w').write('a')", notebook_key="a")
+    other = ask(
+        runner, "import os\nprint('secret' in globals(), os.listdir('.'))", notebook_key="b"
+    )
     assert other == "False []\n"
-    assert ask(runner, "print(secret)", session="a") == "7\n"
+    assert ask(runner, "print(secret)", notebook_key="a") == "7\n"
     assert len(notebooks()) == 2
 
 
-def test_calls_without_a_session_key_stay_stateless(runner: CodeRunner) -> None:
-    ask(runner, "y = 1", session=None)
-    assert "NameError" in ask(runner, "print(y)", session=None)
+def test_calls_without_a_notebook_key_stay_stateless(runner: CodeRunner) -> None:
+    ask(runner, "y = 1", notebook_key=None)
+    assert "NameError" in ask(runner, "print(y)", notebook_key=None)
     assert not notebooks()
 
 
@@ -121,7 +131,9 @@ def test_an_idle_notebook_is_ended_after_its_idle_timeout(host: Host) -> None:
         held = notebooks()
         assert len(held) == 1
         assert wait_for(lambda: not still_running(held), 10)
-        assert "NameError" in ask(runner, "print(x)")
+        text, found = asyncio.run(runner.call({"code": "print(x)"}, "a"))
+        assert "NameError" in text and text.endswith("\n" + NOTEBOOK_RESTARTED)
+        assert found["session_restarted"] is True
     finally:
         runner.close()
 
@@ -130,7 +142,7 @@ def test_a_call_past_its_timeout_ends_its_notebook_and_says_so(runner: CodeRunne
     ask(runner, "x = 1")
     held = notebooks()
     text = ask(runner, "import time\ntime.sleep(30)", timeout=1)
-    assert text == "no stdout here\n" + SESSION_ENDED
+    assert text == "no stdout here\n" + NOTEBOOK_RESTARTED
     assert wait_for(lambda: not still_running(held))
     assert "NameError" in ask(runner, "print(x)")  # the next call starts a fresh one
     detailed = tool(detailed_errors=True)
@@ -138,7 +150,7 @@ def test_a_call_past_its_timeout_ends_its_notebook_and_says_so(runner: CodeRunne
         text = ask(detailed, "print('before', flush=True)\nwhile True: pass", timeout=1)
         # As a case past its time limit is answered: its output is not kept.
         assert text == (
-            "Time limit exceeded: the code ran past 1 s and was stopped.\n" + SESSION_ENDED
+            "Time limit exceeded: the code ran past 1 s and was stopped.\n" + NOTEBOOK_RESTARTED
         )
     finally:
         detailed.close()
@@ -149,7 +161,7 @@ def test_a_call_that_ends_its_guest_ends_its_notebook(runner: CodeRunner) -> Non
     text, found = asyncio.run(
         runner.call({"code": "print('bye', flush=True)\nimport os\nos._exit(0)"}, "a")
     )
-    assert text == "bye\n" + SESSION_ENDED and found["session_restarted"] is True
+    assert text == "bye\n" + NOTEBOOK_RESTARTED and found["session_restarted"] is True
     assert "NameError" in ask(runner, "print(x)")
 
 
@@ -165,27 +177,50 @@ def test_a_notebook_ended_between_calls_runs_the_next_call_in_a_new_one(
     )
     time.sleep(1.5)
     text, found = asyncio.run(runner.call({"code": "print('x' in globals())"}, "a"))
-    assert text == "False\n" + SESSION_ENDED and found["session_restarted"] is True
+    assert text == "False\n" + NOTEBOOK_RESTARTED and found["session_restarted"] is True
     assert ask(runner, "print('after')") == "after\n"
 
 
-def test_past_max_sessions_a_call_is_answered_at_once(
+def test_at_max_sessions_the_least_recently_used_idle_notebook_makes_room(host: Host) -> None:
+    """A new trajectory at the cap ends the notebook used longest ago, not refused; the
+    trajectory whose notebook it was is told, at its next call, that its state is gone."""
+    runner = tool(max_sessions=2)
+    try:
+        ask(runner, "x = 'a'", notebook_key="a")
+        ask(runner, "x = 'b'", notebook_key="b")
+        assert ask(runner, "print(x)", notebook_key="a") == "a\n"  # b is now the least recent
+        assert ask(runner, "print(3)", notebook_key="c") == "3\n"
+        assert wait_for(lambda: len(notebooks()) == 2)  # b's is closed in a thread
+        assert ask(runner, "print(x)", notebook_key="a") == "a\n"
+        text, found = asyncio.run(runner.call({"code": "print('x' in globals())"}, "b"))
+        assert (text, found["session_restarted"]) == ("False\n" + NOTEBOOK_RESTARTED, True)
+        assert ask(runner, "print('x' in globals())", notebook_key="b") == "False\n"  # told once
+    finally:
+        runner.close()
+
+
+def test_at_max_sessions_all_in_use_a_call_is_answered_at_once(
     host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(_tool, "_once", _tool._Once())  # warnings said once per process
     runner = tool(max_sessions=2)
+    code = "import time\ntime.sleep(2)\nprint(x)"
+
+    async def main() -> list[str]:
+        running = [asyncio.ensure_future(runner.call({"code": code}, key)) for key in "ab"]
+        await asyncio.sleep(0)  # both own their notebooks now
+        for _ in range(2):
+            text, found = await runner.call({"code": "print(3)"}, "c")
+            assert (text, found["status"]) == (NOTEBOOKS_FULL, "sessions-full")
+        assert not any(call.done() for call in running)  # answered without waiting for them
+        return [text for text, _ in await asyncio.gather(*running)]
+
     try:
-        ask(runner, "x = 1", session="a")
-        ask(runner, "x = 2", session="b")
-        started = time.monotonic()
-        text, found = asyncio.run(runner.call({"code": "print(3)"}, "c"))
-        assert (text, found["status"]) == (SESSIONS_FULL, "sessions-full")
-        assert time.monotonic() - started < 1
-        assert ask(runner, "print(3)", session="c") == SESSIONS_FULL
+        ask(runner, "x = 1", notebook_key="a")
+        ask(runner, "x = 2", notebook_key="b")
+        assert asyncio.run(main()) == ["1\n", "2\n"]
         assert len([r for r in caplog.records if "max_sessions" in r.getMessage()]) == 1
-        runner.release("a")
-        assert ask(runner, "print(3)", session="c") == "3\n"
-        assert ask(runner, "print(x)", session="b") == "2\n"
+        assert ask(runner, "print(3)", notebook_key="c") == "3\n"
     finally:
         runner.close()
 
@@ -193,12 +228,51 @@ def test_past_max_sessions_a_call_is_answered_at_once(
 def test_idle_notebooks_make_room_for_a_new_one(host: Host) -> None:
     runner = tool(max_sessions=1, session_idle_timeout=60)
     try:
-        ask(runner, "x = 1", session="a")
-        runner.sessions.sessions["a"].last_used -= 120  # type: ignore[union-attr]
-        assert ask(runner, "print(2)", session="b") == "2\n"
+        ask(runner, "x = 1", notebook_key="a")
+        runner.notebooks.by_key["a"].last_used -= 120  # type: ignore[union-attr]
+        assert ask(runner, "print(2)", notebook_key="b") == "2\n"
         assert wait_for(lambda: len(notebooks()) == 1)  # "a" is closed in a thread
     finally:
         runner.close()
+
+
+class Trajectory:
+    """Stands for verl's AgentData: a plain object alive exactly as long as its trajectory."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+
+
+def in_trajectory(runner: CodeRunner, trajectory: Trajectory, code: str) -> str:
+    text, _ = asyncio.run(runner.call({"code": code}, trajectory.request_id, trajectory))
+    return text
+
+
+def test_a_notebook_ends_when_its_trajectory_object_is_collected(runner: CodeRunner) -> None:
+    trajectories = [Trajectory("r1")]
+    assert in_trajectory(runner, trajectories[0], "x = 5") == ""
+    assert in_trajectory(runner, trajectories[0], "print(x)") == "5\n"
+    held = notebooks()
+    assert len(held) == 1
+    trajectories.clear()  # its run returned: nothing refers to it any more
+    assert wait_for(lambda: not still_running(held))
+    assert runner.notebooks is not None and wait_for(lambda: not runner.notebooks.by_key)  # type: ignore[union-attr]
+    assert not runner.notebooks.left and not runner.notebooks.keys
+
+
+def test_trajectories_with_equal_request_ids_keep_notebooks_of_their_own(
+    runner: CodeRunner,
+) -> None:
+    """verl's full_determinism names trajectories det-N, again at every step."""
+    first, second = Trajectory("det-0"), Trajectory("det-0")
+    in_trajectory(runner, first, "x = 'first'")
+    assert "NameError" in in_trajectory(runner, second, "print(x)")
+    in_trajectory(runner, second, "x = 'second'")
+    held = notebooks()
+    assert len(held) == 2
+    del first
+    assert wait_for(lambda: len(still_running(held)) == 1)
+    assert in_trajectory(runner, second, "print(x)") == "second\n"
 
 
 def test_a_backend_failure_answers_a_neutral_text_logged_once(
@@ -227,8 +301,8 @@ def test_a_backend_failure_answers_a_neutral_text_logged_once(
         assert errors() == logged
         assert not notebooks()
         # A notebook that could not start holds no place among max_sessions.
-        assert runner.sessions is not None and detailed.sessions is not None
-        assert not runner.sessions.sessions and not detailed.sessions.sessions
+        assert runner.notebooks is not None and detailed.notebooks is not None
+        assert not runner.notebooks.by_key and not detailed.notebooks.by_key
     finally:
         runner.close()
         detailed.close()
@@ -248,7 +322,11 @@ def test_a_cancelled_call_ends_its_notebook(runner: CodeRunner) -> None:
 
     asyncio.run(main())
     assert held and wait_for(lambda: not still_running(held))
-    assert "NameError" in ask(runner, "print(x)")
+    # The cancelled call's answer never reached the trajectory: its next call is told.
+    text, found = asyncio.run(runner.call({"code": "print(x)"}, "a"))
+    assert "NameError" in text and text.endswith("\n" + NOTEBOOK_RESTARTED)
+    assert found["session_restarted"] is True
+    assert ask(runner, "x = 2\nprint(x)") == "2\n"
 
 
 def test_other_languages_run_stateless_beside_the_notebook(runner: CodeRunner) -> None:
@@ -267,13 +345,13 @@ def test_code_too_large_for_a_call_is_answered_and_logged_clearly(
     assert ask(runner, "x = '" + "a" * 200_000 + "'\nprint(len(x))") == "200000\n"
 
 
-@pytest.mark.parametrize("way", _spawn.PATHS)
+@pytest.mark.parametrize("way", _settings.SPAWN_WAYS)
 def test_a_notebook_runs_on_every_way_of_starting_hluk(
     host: Host, monkeypatch: pytest.MonkeyPatch, way: str
 ) -> None:
     if way == "setpriv" and _spawn.setpriv() is None:
         pytest.skip("no setpriv with --pdeathsig here")
-    monkeypatch.setenv(_spawn.SPAWN_ENV, way)
+    monkeypatch.setenv(_settings.SPAWN.name, way)
     runner = tool()
     try:
         ask(runner, "x = 'kept'")

@@ -5,18 +5,35 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hostside import Host, fail_with, option, result, run, sandbox_error
+from hostside import (
+    URL,
+    Host,
+    descendants_of,
+    fail_with,
+    option,
+    processes_running,
+    result,
+    run,
+    sandbox_error,
+    wait_for,
+)
 
-from verl_hyperlight import _warmup
+from verl_hyperlight import settings as _settings
+from verl_hyperlight.case import api as _api
+from verl_hyperlight.case import warmup as _warmup
 
 # One worker process: THREADS threads call run_code at once (half with verl's default memory
 # limit, half with the image's default memory: two guests), once a start file appears.
@@ -231,18 +248,18 @@ def test_hluks_cache_directory_is_found_as_hluk_finds_it(
     monkeypatch.setenv("HOME", "/home/worker")
     monkeypatch.setenv("XDG_CACHE_HOME", "xdg")
     monkeypatch.setenv("HLUK_CACHE_DIR", "hluk-cache")
-    assert _warmup.cache_root() == tmp_path / "hluk-cache"  # relative to the working directory
+    assert _settings.hluk_cache_directory() == str(tmp_path / "hluk-cache")  # relative to the cwd
     monkeypatch.setenv("HLUK_CACHE_DIR", "")
-    assert _warmup.cache_root() == tmp_path / "xdg" / "hluk"
+    assert _settings.hluk_cache_directory() == str(tmp_path / "xdg" / "hluk")
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert _warmup.cache_root() == Path("/home/worker/.cache/hluk")
+    assert _settings.hluk_cache_directory() == "/home/worker/.cache/hluk"
 
 
 def test_a_first_warm_up_is_held_to_the_warm_up_setting(
     host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
-    monkeypatch.setenv(_warmup.WARM_UP_TIMEOUT_ENV, "2")
+    monkeypatch.setenv(_settings.WARM_UP_TIMEOUT.name, "2")
     response = run("print(1)")
     assert response["status"] == "SandboxError"
     assert "took more than 2 s (VERL_HYPERLIGHT_WARM_UP_TIMEOUT)" in response["message"]
@@ -253,9 +270,9 @@ def test_a_probe_outside_a_case_is_held_to_the_startup_setting(
 ) -> None:
     # serve's readiness check, `warm-up` and `doctor` probe through ensure_ready with no
     # deadline of their own: a guest seen warm is held to the cases' start-up setting, not 60 s.
-    from verl_hyperlight import _hluk
-    from verl_hyperlight._errors import BackendError
-    from verl_hyperlight._guest import guest_for
+    from verl_hyperlight.case.guests import guest_for
+    from verl_hyperlight.errors import BackendError
+    from verl_hyperlight.hluk import process as _hluk
 
     path, guest = _hluk.hluk_path(), guest_for("hyperlight://", None)
     assert _warmup.ensure_ready(path, guest) is not None  # probed: now seen warm
@@ -294,3 +311,268 @@ def test_a_slow_pull_that_hluk_announced_is_not_cut_by_the_startup_deadline(
     monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "2")
     assert result(run("print(1)"))[3] == "1\n"
     assert len(host.warm_ups()) == 1
+
+
+OTHER_GUESTS = """
+import sys
+from verl_hyperlight import run_code
+for memory in map(int, sys.argv[1:]):
+    response, error = run_code("hyperlight://", "pass", None, 10, 10, memory)
+    assert error is None and response["status"] == "Success", (error, response)
+"""
+
+
+def probes_by_guest(host: Host) -> Counter[str | None]:
+    """The probes so far, by the guest's --scratch-mb."""
+    return Counter(option(argv, "--scratch-mb") for argv in host.warm_ups())
+
+
+def test_snapshots_of_other_guests_taken_or_removed_make_no_gate_probe_again(
+    host: Host, tmp_path: Path
+) -> None:
+    # Two guests seen warm here; then another process of the node warms three guests of its
+    # own (their snapshots appear), and one of those is removed.
+    for memory in (None, 1024):
+        run("pass", memory=memory)
+    mine = set((host.cache / "snapshots").iterdir())
+    others = [str(memory) for memory in (384, 768, 2048)]
+    done = subprocess.run([sys.executable, "-c", OTHER_GUESTS, *others], timeout=300)
+    assert done.returncode == 0
+    theirs = set((host.cache / "snapshots").iterdir()) - mine
+    assert len(theirs) == 3
+    shutil.rmtree(theirs.pop())
+    for memory in (None, 1024) * 3:
+        assert result(run("pass", memory=memory))[0] == "Success"
+    assert probes_by_guest(host) == {None: 1, "1536": 1, "512": 1, "1024": 1, "3072": 1}
+    # A guest's own snapshot gone, that guest alone is seen warm again.
+    for slot in mine:
+        if option_in_stamp(slot, "scratch_mb") == "1536":
+            shutil.rmtree(slot)
+    for memory in (None, 1024):
+        assert result(run("pass", memory=memory))[0] == "Success"
+    assert probes_by_guest(host) == {None: 1, "1536": 2, "512": 1, "1024": 1, "3072": 1}
+
+
+def option_in_stamp(slot: Path, name: str) -> str:
+    (line,) = [
+        line for line in (slot / "stamp").read_text().splitlines() if line.startswith(name + "=")
+    ]
+    return line.split("=", 1)[1]
+
+
+def test_a_gate_that_cannot_tell_its_snapshot_compares_hluks_whole_cache(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hluk whose snapshots carry no stamp this package reads: any new snapshot may be the
+    # guest's, so its gate probes again.
+    monkeypatch.setattr(_warmup, "STAMP_FILE", "no-such-file")
+    run("pass")
+    run("pass", memory=1024)
+    run("pass")
+    assert probes_by_guest(host) == {None: 2, "1536": 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# Waits that honour a case's cancel (issue 24): a case cancelled while it waits for its guest's
+# probe, or for the node's warm-up lock, is answered at once; the probe runs on for the cases
+# still waiting for it, and is cancelled once none does.
+
+# A hluk whose probes wait, before they become hluk, until a file appears: a probe that runs
+# for as long as the test wants (its wrapper silent, as a hluk that hangs before the boot is),
+# and a hluk for every other run.
+HELD_PROBES = """#!/bin/sh
+case "$*" in *".probe("*) while [ ! -e {go} ]; do sleep 0.02; done ;; esac
+exec {hluk} "$@"
+"""
+
+
+@pytest.fixture
+def held_probes(host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Probes hold until the returned file exists; the wrapper's path is in their command line.
+    The file is made at the end whatever happened, or a failed test would leave its probe
+    running into the next test (whose probes_running() would see it)."""
+    go = tmp_path / "probes-go"
+    wrapper = tmp_path / "held-probes-hluk"
+    wrapper.write_text(HELD_PROBES.format(go=go, hluk=os.environ["HLUK_PATH"]))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(wrapper))
+    yield go
+    go.touch()
+    assert wait_for(lambda: not held_probes_running(go)), "a held probe outlived its test"
+
+
+def held_probes_running(go: Path) -> list[int]:
+    return sorted(processes_running(str(go.parent / "held-probes-hluk")))
+
+
+def probes_running() -> list[int]:
+    """This process's hluk runs that are probes (other tests run theirs on the machine too)."""
+    return [pid for pid, argv in descendants_of(os.getpid()).items() if b".probe(" in argv]
+
+
+class Cases:
+    """Cases run in threads of their own, each with its cancel."""
+
+    def __init__(self) -> None:
+        self.cancels: list[threading.Event] = []
+        self.answers: dict[int, dict[str, Any]] = {}
+        self.threads: list[threading.Thread] = []
+
+    def start(self, code: str) -> int:
+        index, cancel = len(self.threads), threading.Event()
+
+        def case() -> None:
+            response, error = _api.run_code(URL, code, "", None, 10, None, cancel=cancel)
+            assert error is None and response is not None, error
+            self.answers[index] = response
+
+        self.cancels.append(cancel)
+        self.threads.append(threading.Thread(target=case, daemon=True))
+        self.threads[index].start()
+        return index
+
+    def answered(self, *indices: int, limit: float = 30) -> bool:
+        return bool(wait_for(lambda: all(i in self.answers for i in indices), limit))
+
+    def waiting_in_the_gate(self, *indices: int) -> list[int]:
+        """Those of these cases that are blocked in a condition wait of their guest's gate."""
+        frames = sys._current_frames()
+        found = []
+        for index in indices:
+            frame = frames.get(self.threads[index].ident or -1)
+            if frame is None or frame.f_code.co_name != "wait":
+                continue
+            while frame is not None and frame.f_code.co_filename != _warmup.__file__:
+                frame = frame.f_back
+            if frame is not None:
+                found.append(index)
+        return found
+
+
+@pytest.fixture
+def cases() -> Iterator[Cases]:
+    """Cases for a test; at its end every one left is cancelled and waited for, so that a
+    failed test's cases cannot run on into the next test (its probes, its argv log)."""
+    started = Cases()
+    yield started
+    for cancel in started.cancels:
+        cancel.set()
+    assert wait_for(lambda: not any(t.is_alive() for t in started.threads), 30), (
+        "a case outlived its test"
+    )
+
+
+def cancelled(response: dict[str, Any]) -> bool:
+    return sandbox_error(response) == _api.CASE_CANCELLED
+
+
+def test_a_case_cancelled_while_it_probes_leaves_at_once_and_the_probe_goes_on_for_the_others(
+    held_probes: Path, host: Host, cases: Cases
+) -> None:
+    first = cases.start("print('first')")  # probes: its guest is not known warm
+    assert wait_for(lambda: held_probes_running(held_probes))
+    waiting = [cases.start(f"print({i})") for i in range(3)]
+    assert wait_for(lambda: cases.waiting_in_the_gate(*waiting) == waiting)
+    [probe] = held_probes_running(held_probes)
+    cases.cancels[first].set()
+    # Answered while its probe still runs, for the three cases that wait for it.
+    assert cases.answered(first), "the cancelled case waits for its probe"
+    assert cancelled(cases.answers[first])
+    assert held_probes_running(held_probes) == [probe]
+    assert not any(i in cases.answers for i in waiting)
+    held_probes.touch()
+    assert cases.answered(*waiting)
+    assert [result(cases.answers[i])[3] for i in waiting] == ["0\n", "1\n", "2\n"]
+    assert len(host.warm_ups()) == 1 and len(host.case_runs()) == 3
+
+
+def test_a_probe_nobody_waits_for_is_cancelled_and_the_next_case_probes_again(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cases: Cases
+) -> None:
+    # A probe of 900 s: hluk hangs before the boot, and says nothing for longer than the
+    # start-up deadline allows, which is the warm-up's.
+    hang = tmp_path / "hang"
+    hang.write_text("1")
+    monkeypatch.setenv("HLUK_STANDIN_HANG_FILE", str(hang))
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "900")
+    waiting = [cases.start(f"print({i})") for i in range(2)]
+    assert wait_for(lambda: host.warm_ups() and hang.read_text() == "0")
+    assert probes_running()
+    for index in waiting:
+        cases.cancels[index].set()
+    assert cases.answered(*waiting), "cancelled cases wait for the probe"
+    assert all(cancelled(cases.answers[i]) for i in waiting)
+    # The last one gone, its probe was cancelled: its hluk killed, the gate suspect again.
+    assert wait_for(lambda: not probes_running()), "the probe runs on for nobody"
+    gate = next(iter(_warmup._registry.values()))
+    assert wait_for(lambda: gate.state is _warmup.State.SUSPECT)
+    assert result(run("print('next')"))[3] == "next\n"
+    assert len(host.warm_ups()) == 2
+    assert gate.failures_in_a_row == 0  # a cancelled probe is no failure of hluk's
+
+
+HOLD_LOCK = """
+import sys, time
+from filelock import FileLock
+lock = FileLock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_case_waiting_for_the_nodes_warm_up_lock_is_cancelled_at_once(
+    host: Host, cases: Cases
+) -> None:
+    lock = host.cache / "verl-hyperlight" / "warm-up.lock"
+    lock.parent.mkdir(parents=True)
+    # Another process of the node warms a guest up, for as long as a pull and a boot take.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        case = cases.start("print(1)")
+        gate = wait_for(lambda: next(iter(_warmup._registry.values()), None))
+        assert isinstance(gate, _warmup.Gate)
+        assert wait_for(lambda: gate.state is _warmup.State.PROBING)
+        cases.cancels[case].set()
+        assert cases.answered(case), "the cancelled case waits for the warm-up lock"
+        assert cancelled(cases.answers[case])
+        assert wait_for(lambda: gate.state is _warmup.State.SUSPECT)
+        assert host.warm_ups() == [] and holder.poll() is None
+    finally:
+        holder.communicate("", timeout=30)
+    assert result(run("print('after')"))[3] == "after\n"
+
+
+def test_hundreds_of_cases_waiting_for_one_probe_leave_at_once_when_cancelled(
+    held_probes: Path, host: Host, cases: Cases
+) -> None:
+    # An agent loop's worker: hundreds of calls wait for their guest's first probe, and most
+    # of them are cancelled (aborted rollouts) before it ends.
+    rng = random.Random(24)
+    count = 300
+    indices = [cases.start(f"print({i})") for i in range(count)]
+    # All wait: for the probe, and (the one that runs it) in it.
+    assert wait_for(lambda: len(cases.waiting_in_the_gate(*indices)) >= count - 1)
+    assert wait_for(lambda: held_probes_running(held_probes))  # its hluk may be starting yet
+    [probe] = held_probes_running(held_probes)
+    dropped = set(rng.sample(indices, count - 8))
+    for index in dropped:
+        cases.cancels[index].set()
+    assert cases.answered(*dropped), f"{len(dropped) - len(cases.answers)} cancelled cases wait"
+    assert all(cancelled(cases.answers[i]) for i in dropped)
+    kept = sorted(set(indices) - dropped)
+    assert held_probes_running(held_probes) == [probe]  # the probe runs on for the others
+    assert not any(i in cases.answers for i in kept)
+    held_probes.touch()
+    assert cases.answered(*kept)
+    assert [result(cases.answers[i])[3] for i in kept] == [f"{i}\n" for i in kept]
+    assert len(host.warm_ups()) == 1 and len(host.case_runs()) == len(kept)
+    for thread in cases.threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in cases.threads)

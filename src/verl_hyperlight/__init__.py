@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._errors import BackendError, HyperlightError, InvalidRequest
+from .errors import BackendError, HyperlightError, InvalidRequest
 
 if TYPE_CHECKING:
-    from ._api import run_code
+    from .case.api import run_code
 
 __version__ = "0.1.0"
 
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
     # every process) runs no more than the plugin itself, and a broken installation is reported
     # by the plugin's own guard rather than lost in verl's DEBUG log.
     if name == "run_code":
-        from ._api import run_code
+        from .case.api import run_code
 
         return run_code
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,11 +13,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeAlias
 
-from . import __version__, _hluk, _warmup
-from ._api import run_code
-from ._errors import BackendError, InvalidRequest
-from ._guest import guest_for
+from . import __version__
+from .case import warmup
+from .case.api import run_code
+from .case.guests import guest_for
+from .errors import BackendError, InvalidRequest
+from .hluk import process as hluk
+from .hluk.spawn import raise_descriptor_limit
+from .settings import TOKEN
+
+# What each command's parser is added to (argparse's type for it, generic only to checkers).
+_Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +35,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"verl-hyperlight {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (
+        _add_warm_up,
+        _add_run,
+        _add_bench,
+        _add_doctor,
+        _add_selftest,
+        _add_serve,
+    ):
+        add(commands)
+    return parser
+
+
+def _add_warm_up(commands: _Commands) -> None:
     warm = commands.add_parser(
         "warm-up",
         help="pull the image and take the warm snapshot on this node (once per node)",
@@ -37,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     warm.add_argument(
         "--memory-limit-mb", type=int, default=1024, help="verl's memory_limit_mb (default 1024)"
     )
+
+
+def _add_run(commands: _Commands) -> None:
     run = commands.add_parser(
         "run",
         help="run one solution file on stdin and print the Sandbox Fusion response",
@@ -48,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--url", default="hyperlight://", help="sandbox URL")
     run.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds")
     run.add_argument("--memory-limit-mb", type=int, default=1024)
+
+
+def _add_bench(commands: _Commands) -> None:
     bench = commands.add_parser(
         "bench",
         help="measure how many micro-VMs this node runs well at once, and size max_concurrent",
@@ -71,14 +98,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--memory-limit-mb", type=int, default=1024)
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def _add_doctor(commands: _Commands) -> None:
     doctor = commands.add_parser(
         "doctor",
         help="check that this node can score code, and say what fixes it if not",
         description="Check this node, one line per check (ok, warn or fail), each warn or fail "
         "with the command or setting that fixes it: platform, hluk, /dev/kvm, hluk's cache, "
-        "the guest (its warm snapshot, and a real case end to end, which leaves the node warm), "
-        "how hluk is started (the spawner), the sizing (with --max-concurrent and --num-workers) "
-        "and verl's plugin setup. Exits 0 only when nothing fails.",
+        "where case directories go, the guest (its warm snapshot, and a real case end to end, "
+        "which leaves the node warm), the pytest extra, how hluk is started (the spawner), the "
+        "sizing (with --max-concurrent and --num-workers) and verl's plugin setup. Exits 0 only "
+        "when nothing fails.",
     )
     doctor.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
     doctor.add_argument(
@@ -91,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
         "--num-workers", type=_positive_int, help="verl's reward.num_workers, with --max-concurrent"
     )
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+
+
+def _add_selftest(commands: _Commands) -> None:
     selftest = commands.add_parser(
         "selftest",
         help="check that this node's micro-VMs grade as Sandbox Fusion does (before training)",
@@ -98,8 +132,9 @@ def _parser() -> argparse.ArgumentParser:
         "runs cases, and compare each answer with the one CPython 3.12 gives under Sandbox "
         "Fusion (recorded in the package): one line per family, then every difference with its "
         "program and both answers, marked when it is a documented known limit. Checks hluk and "
-        "the warm snapshot first, as doctor does. Exits 0 only when every difference is a known "
-        "limit.",
+        "the warm snapshot first, as doctor does, then a notebook's calls, as the code tool "
+        "makes them. Exits 0 only when every difference is a known limit; Ctrl-C stops it at "
+        "once, saying what it had checked.",
     )
     selftest.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
     selftest.add_argument(
@@ -109,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
         help="programs at once (default: the CPUs, 4 at least)",
     )
     selftest.add_argument("--json", action="store_true", help="print the whole report as JSON")
+
+
+def _add_serve(commands: _Commands) -> None:
     serve = commands.add_parser(
         "serve",
         help="answer Sandbox Fusion's HTTP API (POST /run_code) from micro-VMs",
@@ -144,6 +182,14 @@ def _parser() -> argparse.ArgumentParser:
         "--max-body-mb", type=_positive_int, default=64, help="largest request body (64 MiB)"
     )
     serve.add_argument(
+        "--max-bodies-mb",
+        type=_positive_int,
+        default=None,
+        help="the request bodies held at once, in all (being read, waiting or running); past "
+        "it, HTTP 504 at once (default: a sixteenth of this node's memory, at least "
+        "--max-body-mb)",
+    )
+    serve.add_argument(
         "--grace",
         type=_non_negative_float,
         default=30.0,
@@ -169,7 +215,6 @@ def _parser() -> argparse.ArgumentParser:
         help="largest run_timeout a request may ask for, in seconds; past it, a SandboxError "
         "(default 300)",
     )
-    return parser
 
 
 def _levels(text: str) -> list[int]:
@@ -215,7 +260,7 @@ def _text(data: bytes, name: str) -> str:
         raise ValueError(f"{name} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def _how(warmth: _warmup.Warmth | None) -> str:
+def _how(warmth: warmup.Warmth | None) -> str:
     if warmth is None or warmth.restored is None:
         return ""
     if warmth.restored:
@@ -232,11 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         and (args.max_memory_mb or args.memory_limit_mb) < args.memory_limit_mb
     ):
         parser.error(f"--max-memory-mb is below --memory-limit-mb ({args.memory_limit_mb})")
+    if args.command == "serve" and (args.max_bodies_mb or args.max_body_mb) < args.max_body_mb:
+        parser.error(f"--max-bodies-mb is below --max-body-mb ({args.max_body_mb})")
     if args.command == "warm-up":
         try:
             guest = guest_for(args.url, args.memory_limit_mb)
             with _progress(f"seeing {guest.image.label} warm (a pull and a boot if needed)"):
-                warmth = _warmup.ensure_ready(_hluk.hluk_path(), guest)
+                warmth = warmup.ensure_ready(hluk.hluk_path(), guest)
         except (InvalidRequest, BackendError) as exc:
             print(f"verl-hyperlight: {exc}", file=sys.stderr)
             return 1
@@ -268,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from . import bench
+    from .commands import bench
 
     if args.seconds <= 0:
         print("verl-hyperlight: --seconds must be positive", file=sys.stderr)
@@ -352,7 +399,7 @@ def _progress(what: str, seconds: float | None = None) -> Iterator[Callable[[], 
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from . import doctor
+    from .commands import doctor
 
     options = doctor.Options(
         url=args.url,
@@ -371,7 +418,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _selftest(args: argparse.Namespace) -> int:
-    from . import doctor, selftest
+    from .commands import doctor, selftest
 
     def show(check: doctor.Check) -> None:
         if not args.json:
@@ -389,12 +436,14 @@ def _selftest(args: argparse.Namespace) -> int:
         print(json.dumps(selftest.as_json(report), indent=2, ensure_ascii=False))
     else:
         print(selftest.render(report))
+    if report.interrupted:
+        return 130  # as a shell says a command that SIGINT ended
     return 0 if report.ok else 1
 
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        from . import serve
+        from .server import app as serve
     except ImportError as exc:
         print(
             f"verl-hyperlight: serve needs its extra ({exc.name} is missing): "
@@ -402,6 +451,7 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    raise_descriptor_limit()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -412,11 +462,12 @@ def _serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_wait=args.max_wait,
         max_body_bytes=args.max_body_mb * 1024 * 1024,
+        max_bodies_bytes=None if args.max_bodies_mb is None else args.max_bodies_mb * 1024 * 1024,
         grace=args.grace,
         warm_up_memory_mb=args.memory_limit_mb,
         max_memory_mb=args.max_memory_mb,
         max_run_timeout=args.max_run_timeout,
-        token=os.environ.get("VERL_HYPERLIGHT_TOKEN") or None,
+        token=TOKEN.value(),
     )
     serve.serve(settings, args.host, args.port)
     return 0

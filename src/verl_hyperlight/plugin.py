@@ -19,16 +19,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .case.url import is_ours
+
 logger = logging.getLogger("verl_hyperlight")
 
-SCHEME_PREFIX = "hyperlight:"
 SANDBOX_MODULE = "verl.utils.reward_score.sandbox_fusion.utils"
 _WRAPPED_MARK = "__verl_hyperlight_original__"
-
-
-def is_ours(url: object) -> bool:
-    """Whether a sandbox URL is one this package serves."""
-    return isinstance(url, str) and url.lower().startswith(SCHEME_PREFIX)
 
 
 def _wrap(original: Callable[..., Any], run_code: Callable[..., Any]) -> Callable[..., Any]:
@@ -48,7 +44,7 @@ def install() -> str:
     if importlib.util.find_spec("verl") is None:
         return "verl is not installed; nothing to do"
     # Imported here, inside the guard below, so a broken installation is logged, not lost.
-    from ._api import run_code
+    from .case.api import run_code
 
     try:
         utils = importlib.import_module(SANDBOX_MODULE)

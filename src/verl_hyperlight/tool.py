@@ -3,7 +3,7 @@
 Named in a tool config (``actor_rollout_ref.rollout.multi_turn.tool_config_path``) as
 ``class_name: verl_hyperlight.tool.CodeInterpreterTool`` with ``config: {type: native,
 sandbox_fusion_url: hyperlight://, ...}``, it takes the removed SandboxFusionTool's config
-keys and answers as it did (see ``_tool``). The only module of the package that imports verl.
+keys and answers as it did (see ``agent.calls``). The only module of the package that imports verl.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.reward_score.sandbox_fusion import utils as sandbox_utils
 from verl.utils.rollout_trace import rollout_trace_op
 
-from ._tool import DEFAULT_SCHEMA, CodeRunner, Response, ToolSettings
+from .agent.calls import DEFAULT_SCHEMA, CodeRunner, Response, ToolSettings
 
 
 def _call_service(**arguments: Any) -> tuple[Response | None, str | None]:
-    # Looked up per call, so that verl's function is used as it is now (wrapped or not).
+    # Looked up per call, so that verl's function is used as it is at the call (wrapped or not).
     result: tuple[Response | None, str | None] = sandbox_utils.call_sandbox_api(**arguments)
     return result
 
@@ -31,10 +31,12 @@ class CodeInterpreterTool(BaseTool):  # type: ignore[misc]
     stateless, every call in a fresh micro-VM (or on the Sandbox Fusion service an http(s) URL
     names); with `session: trajectory`, a trajectory's calls in one notebook.
 
-    A notebook is keyed by the trajectory's request id when the agent loop passes its
-    `agent_data` (verl 0.9's tool agent loop, which creates and releases an instance around
-    each call), else by the instance: `release` ends a notebook keyed by its instance, and
-    `session_idle_timeout` ends every notebook once its trajectory stops calling."""
+    verl 0.9's tool agent loop creates and releases an instance around each call and passes
+    the trajectory's `agent_data` to `execute`; it tells a tool nothing when the trajectory
+    is done, but its `agent_data` lives exactly as long as the trajectory's `run`. So a
+    notebook is kept by that `agent_data` and ended when it is collected (by its request id,
+    ended by `session_idle_timeout`, when it cannot be weakly referenced); without
+    `agent_data`, by the instance, ended by `release`."""
 
     def __init__(self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None):
         self.runner = CodeRunner(ToolSettings.from_config(config), _call_service)
@@ -55,9 +57,11 @@ class CodeInterpreterTool(BaseTool):  # type: ignore[misc]
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
     ) -> tuple[ToolResponse, float, dict[str, Any]]:
         agent_data = kwargs.get("agent_data")
-        trajectory = getattr(agent_data, "request_id", None)
-        session = str(trajectory) if trajectory is not None else instance_id
-        text, metrics = await self.runner.call(parameters, session)
+        request_id = getattr(agent_data, "request_id", None)
+        if request_id is None:
+            text, metrics = await self.runner.call(parameters, instance_id)
+        else:
+            text, metrics = await self.runner.call(parameters, str(request_id), agent_data)
         return ToolResponse(text=text), 0.0, metrics
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:

@@ -22,14 +22,14 @@ are lines of their own, marked with a nonce the host chose for the case:
                                 the output and the fetched files, in chunks of at most CHUNK
     <nonce> done [last]         the output is complete; `last` when the guest ends next
                                 (the solution ended its process: os._exit, a signal, the
-                                output limit), which a session's host must not wait for
+                                output limit), which a notebook's host must not wait for
 
-A session (the code tool's notebook, ``runner.session``) keeps one guest up across calls and
+A notebook (the code tool's, ``runner.notebook``) keeps one guest up across calls and
 reads each call from the console's input, which hluk hands the guest as text: a request is
 the base64 of a JSON object {"nonce": NONCE, "code": TEXT}, in lines of at most
 REQUEST_LINE characters, then a line holding REQUEST_END. Base64 survives any decoding of the
 input, and its echo (the console echoes what the guest reads) cannot make a frame. Each call
-is reported as a case is, with the call's nonce; the session's own nonce reports, once, that
+is reported as a case is, with the call's nonce; the notebook's own nonce reports, once, that
 it is ready for calls (start, end, done).
 
 This module is loaded into the guest with the runner (it uses nothing outside the standard
@@ -57,7 +57,7 @@ MAX_FILES = 1000
 FILE_MISSING = -1  # not a regular file in the guest
 FILE_LEFT_OUT = -2  # past FILES_OUT_LIMIT
 
-# A session's requests: base64 lines this long at most (far below what a terminal holds in a
+# A notebook's requests: base64 lines this long at most (far below what a terminal holds in a
 # line, 4 KiB), ended by a line of its own.
 REQUEST_LINE = 1024
 REQUEST_END = b"."
@@ -135,7 +135,7 @@ def parse_end(fields: list[bytes]) -> End:
 
 
 def request_lines(nonce: str, code: str) -> bytes:
-    """A session's request as the host writes it to the console's input."""
+    """A notebook's request as the host writes it to the console's input."""
     import base64
     import json
 

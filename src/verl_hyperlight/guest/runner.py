@@ -147,7 +147,7 @@ def prepare_pytest() -> None:
     sys.path.append(PYTEST_MOUNT)
     config = importlib.import_module("_pytest.config")
     plugins = [f"_pytest.{name}" for name in config.default_plugins]
-    # And what a session imports as it starts (its debugging plugin's pdb, its argcomplete).
+    # And what a pytest session imports as it starts (its debugging plugin's pdb, its argcomplete).
     prepare(["pytest", *plugins, "_pytest._argcomplete", "pdb", "readline", "faulthandler"])
     # What the warm-up made stays for the guest's life: out of the collections a case's end
     # runs (three, as CPython's exit does), which would otherwise walk pytest's objects each
@@ -244,7 +244,7 @@ class _Case:
     def finish(self, status: int, limit_hit: str | None = None, last: bool = False) -> None:
         """Report the solution's end, then copy its output out; only the first call reports,
         any later one waits for the micro-VM to end. `last`: the guest ends once it is
-        reported (said on the done frame, for a session's host)."""
+        reported (said on the done frame, for a notebook's host)."""
         self.reporting.acquire()
         elapsed = _monotonic() - self.started
         try:
@@ -950,7 +950,7 @@ def probe(nonce: str) -> None:
     case.frame(protocol.DONE)
 
 
-# A session's calls run as notebook cells: this file name, numbered, in their tracebacks.
+# A notebook's calls run as its cells: this file name, numbered, in their tracebacks.
 CELL_FILENAME = "<cell {}>"
 
 
@@ -975,9 +975,9 @@ def _read_request(requests: int, pending: bytearray) -> dict[str, Any] | None:
 
 
 def _run_cell(case: _Case, source: str, number: int, namespace: dict[str, Any]) -> int:
-    """Run one call's code in the session's namespace, as a notebook runs a cell: an exception
+    """Run one call's code in the notebook's namespace, as a notebook runs a cell: an exception
     is printed as CPython prints one that ends a script (status 1), SystemExit gives its
-    status; neither ends the session."""
+    status; neither ends the notebook."""
     import linecache
 
     filename = CELL_FILENAME.format(number)
@@ -990,10 +990,10 @@ def _run_cell(case: _Case, source: str, number: int, namespace: dict[str, Any]) 
     return status
 
 
-def session(nonce: str) -> None:
+def notebook(nonce: str) -> None:
     """Run calls read from the console's input, one after another, in one namespace kept
     across them (a notebook), each reported as a case with its own nonce, until the input
-    ends. The session's nonce reports that it is ready."""
+    ends. The notebook's nonce reports that it is ready."""
     global _case
     requests, console = _os_dup(0), _os_dup(1)
     os.makedirs(WORK_DIR, exist_ok=True)

@@ -1,0 +1,380 @@
+"""run_code: one Sandbox Fusion request, run in a micro-VM, answered as the service answers.
+
+Data flows one way: request -> case files -> hluk -> raw outcome -> response. Nothing here
+raises into the caller: a bad request is an error value, a backend failure a SandboxError
+response, as verl's call_sandbox_api returns them.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import secrets
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal, get_args
+
+from .. import diagnosis, settings
+from ..errors import (
+    ZEROES_REWARDS,
+    BackendError,
+    Cancelled,
+    CauseCounts,
+    InvalidRequest,
+    Refused,
+    worth_logging,
+)
+from ..guest import protocol
+from ..hluk import process as hluk
+from ..outcome import RawOutcome, Verdict
+from . import casedir, cluster, pytest_library, warmup
+from .guests import Guest, guest_for, hluk_argv, workload_code
+from .response import Response, from_outcome, sandbox_error, time_limit_exceeded
+from .url import parse_url
+
+logger = logging.getLogger("verl_hyperlight")
+
+MAX_CODE_BYTES = 16 * 1024 * 1024
+MAX_STDIN_BYTES = 256 * 1024 * 1024
+DEFAULT_RUN_TIMEOUT = 10.0
+CASE_MOUNT = "/case"
+MAX_PATH_LENGTH = 4096
+MIB = 1024 * 1024
+# Why a case its caller cancelled is answered SandboxError.
+CASE_CANCELLED = "the case was cancelled before it ended"
+# A request file whose name holds this is skipped, as the service skips it.
+IGNORED_FILE = "IGNORE_THIS_FILE"
+# Sandbox Fusion's languages: a request for one of these is valid, but only Python runs here.
+SandboxFusionLanguage = Literal[
+    "python",
+    "cpp",
+    "nodejs",
+    "go",
+    "go_test",
+    "java",
+    "php",
+    "csharp",
+    "bash",
+    "typescript",
+    "sql",
+    "rust",
+    "cuda",
+    "lua",
+    "R",
+    "perl",
+    "D_ut",
+    "ruby",
+    "scala",
+    "julia",
+    "pytest",
+    "junit",
+    "kotlin_script",
+    "jest",
+    "verilog",
+    "python_gpu",
+    "lean",
+    "swift",
+    "racket",
+]
+SANDBOX_FUSION_LANGUAGES = frozenset(get_args(SandboxFusionLanguage))
+# What runs here: a solution as `python solution.py`, or a test file as `pytest FILE`.
+RUNS = ("python", "pytest")
+
+
+@dataclass(frozen=True)
+class Case:
+    """A validated request."""
+
+    guest: Guest
+    code: bytes
+    stdin: bytes
+    run_timeout: float
+    files: tuple[tuple[str, bytes], ...] = ()  # to write before the solution starts
+    fetch: tuple[str, ...] = ()  # to return once it has ended
+
+
+class _FailureLog(CauseCounts):
+    """Backend failures: logged at ERROR once per cause per process, then counted, with a
+    reminder at every power of ten so a long run keeps saying it is broken."""
+
+    PERSISTENT = ZEROES_REWARDS
+    ONE_OFF = "the case is answered SandboxError, scored as a sandbox error; later cases run"
+
+    def record(
+        self, cause: str, message: str, consequence: str, error: BaseException | None = None
+    ) -> None:
+        """Count one more case failed by `cause`; log it the first time (with `error`'s
+        traceback, if given), and at every power of ten."""
+        count = self.count(cause)
+        if count == 1:
+            logger.error("verl-hyperlight: %s (%s)", message, consequence, exc_info=error)
+        elif worth_logging(count):
+            logger.error("verl-hyperlight: %d cases failed so far with: %s", count, message)
+
+    def internal(self, error: Exception) -> None:
+        """A bug of this package's: its traceback logged once per cause (the exception's type
+        and the line that raised it), as a backend failure is, not once per case."""
+        where = traceback.extract_tb(error.__traceback__)[-1:]
+        place = f" at {where[0].filename}:{where[0].lineno}" if where else ""
+        self.record(
+            f"internal {type(error).__qualname__}{place}",
+            f"internal error {error!r}{place}",
+            f"{self.ONE_OFF}; later cases that fail the same way are counted, not logged",
+            error,
+        )
+
+    def backend(self, failure: BackendError) -> None:
+        if failure.announced:  # logged where it arose (a guest's gate opening)
+            self.count(failure.cause)
+            return
+        consequence = self.PERSISTENT if failure.persistent else self.ONE_OFF
+        self.record(failure.cause, str(failure), consequence)
+
+
+failures = _FailureLog()
+
+
+def encode_text(name: str, text: object, limit: int) -> bytes:
+    """A request's text `name` as UTF-8; InvalidRequest when it is not a string, not valid
+    Unicode, or more than `limit` bytes."""
+    if not isinstance(text, str):
+        raise InvalidRequest(f"{name} must be a string, not {type(text).__name__}")
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            f"{name} is not valid Unicode text ({exc.reason} at {exc.start})"
+        ) from None
+    if len(data) > limit:
+        raise InvalidRequest(f"{name} is {len(data)} bytes; at most {limit} are accepted")
+    return data
+
+
+def _timeout(name: str, value: object) -> float:
+    if value is None:
+        return DEFAULT_RUN_TIMEOUT
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest(f"{name} must be a number of seconds, not {value!r}")
+    if not math.isfinite(value):
+        raise InvalidRequest(f"{name} must be a finite number of seconds, not {value!r}")
+    return float(value)
+
+
+def _path(name: str, path: object) -> str:
+    if not isinstance(path, str) or not path or len(path) > MAX_PATH_LENGTH:
+        raise InvalidRequest(f"{name} paths must be strings of 1 to {MAX_PATH_LENGTH} characters")
+    return path
+
+
+def _files(files: object) -> tuple[tuple[str, bytes], ...]:
+    """The request's files, decoded; skipped as the service skips them: null content, or a
+    name holding IGNORE_THIS_FILE."""
+    if files is None:
+        return ()
+    if not isinstance(files, dict):
+        raise InvalidRequest("files must map paths to base64 text or None")
+    if len(files) > protocol.MAX_FILES:
+        raise InvalidRequest(f"files holds {len(files)} files; at most {protocol.MAX_FILES}")
+    decoded, total = [], 0
+    for path, content in files.items():
+        _path("files", path)
+        if content is not None and not isinstance(content, str):
+            raise InvalidRequest(f"files[{path!r}] must be base64 text or None")
+        if content is None or IGNORED_FILE in path:
+            continue
+        try:
+            data = base64.b64decode(content, validate=True)
+        except ValueError as exc:
+            raise Refused(f"files[{path!r}] is not valid base64: {exc}") from None
+        total += len(data)
+        if total > protocol.FILES_IN_LIMIT:
+            raise InvalidRequest(
+                f"files hold more than {protocol.FILES_IN_LIMIT // MIB} MiB once decoded"
+            )
+        decoded.append((path, data))
+    return tuple(decoded)
+
+
+def _fetch(fetch_files: object) -> tuple[str, ...]:
+    if fetch_files is None:
+        return ()
+    if not isinstance(fetch_files, list | tuple):
+        raise InvalidRequest("fetch_files must be a list of paths")
+    if len(fetch_files) > protocol.MAX_FILES:
+        raise InvalidRequest(
+            f"fetch_files holds {len(fetch_files)} paths; at most {protocol.MAX_FILES}"
+        )
+    return tuple(_path("fetch_files", path) for path in fetch_files)
+
+
+def _validate(
+    url: object,
+    code: object,
+    stdin: object,
+    run_timeout: float,
+    memory_limit_mb: object,
+    files: object,
+    fetch_files: object,
+) -> Case:
+    guest = guest_for(url, memory_limit_mb)  # type: ignore[arg-type]
+    return Case(
+        guest=guest,
+        code=encode_text("code", code, MAX_CODE_BYTES),
+        stdin=b"" if stdin is None else encode_text("stdin", stdin, MAX_STDIN_BYTES),
+        run_timeout=run_timeout,
+        files=_files(files),
+        fetch=_fetch(fetch_files),
+    )
+
+
+def run_through_gate(
+    path: str,
+    guest: Guest,
+    exec_code: Callable[[str], str],
+    run: Callable[[list[str], str], RawOutcome],
+    startup_timeout: float,
+    cancelled: str,
+    mount: str | None = None,
+    cancel: threading.Event | None = None,
+) -> RawOutcome:
+    """Run `guest` with the hluk at `path` through its gate (``warmup.Gate.run_case``): each
+    attempt is the caller's `run(argv, nonce)` of the argv that runs `exec_code(nonce)`
+    (with `mount`), under a nonce of its own. The last attempt's outcome; Refused with the
+    text `cancelled` when the caller cancelled it (`cancel`, which its runs are given too),
+    whether it was running or waiting to."""
+
+    def attempt() -> RawOutcome:
+        nonce = secrets.token_hex(16)
+        return run(hluk_argv(path, guest, exec_code(nonce), mount=mount), nonce)
+
+    try:
+        outcome = warmup.gate(path, guest).run_case(attempt, startup_timeout, cancel)
+    except Cancelled:
+        raise Refused(cancelled) from None
+    if outcome.verdict is Verdict.CANCELLED:
+        raise Refused(cancelled)
+    return outcome
+
+
+def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response:
+    startup_timeout = settings.STARTUP_TIMEOUT.value()
+    case_dir = casedir.make(casedir.files_of(case.code, case.stdin, case.files, case.fetch))
+    parent, mount = case_dir.parent, case_dir.mount(CASE_MOUNT)
+
+    def run(argv: list[str], nonce: str) -> RawOutcome:
+        return hluk.run(argv, nonce, case.run_timeout, startup_timeout, cwd=parent, cancel=cancel)
+
+    try:
+        outcome = run_through_gate(
+            path,
+            case.guest,
+            lambda nonce: workload_code(CASE_MOUNT, nonce),
+            run,
+            startup_timeout,
+            CASE_CANCELLED,
+            mount=mount,
+            cancel=cancel,
+        )
+        return response_for(outcome, path, case.run_timeout, case.fetch)
+    finally:
+        case_dir.remove()
+
+
+def response_for(
+    outcome: RawOutcome, path: str, run_timeout: float, fetch: tuple[str, ...] = ()
+) -> Response:
+    """The response to a run (a case's, or a notebook call's): from its outcome when its
+    ending is the solution's, else Refused or the BackendError it stands for."""
+    verdict = outcome.verdict
+    if verdict is Verdict.SOLUTIONS:
+        return from_outcome(outcome, run_timeout, fetch)
+    if verdict is Verdict.REFUSED:
+        raise Refused(outcome.refusal)
+    if verdict is Verdict.CANCELLED:
+        raise Refused(CASE_CANCELLED)
+    raise diagnosis.failure(outcome, path)
+
+
+def response_or_error(body: Callable[[], Response]) -> tuple[Response | None, str | None]:
+    """`body`'s response as verl's call_sandbox_api returns it, ``(response, None)``; never
+    raises: a request that cannot be run as given is ``(None, error)``, a refused one or a
+    backend failure a SandboxError response (the failure logged once per cause), and a bug of
+    this package's too, its traceback logged once per cause."""
+    try:
+        return body(), None
+    except InvalidRequest as exc:
+        return None, f"Invalid request: {exc}"
+    except Refused as exc:
+        return sandbox_error(str(exc)), None
+    except BackendError as exc:
+        failures.backend(exc)
+        return sandbox_error(str(exc)), None
+    except Exception as exc:
+        failures.internal(exc)
+        return sandbox_error(f"verl-hyperlight internal error: {exc!r}"), None
+
+
+def run_code(
+    sandbox_fusion_url: str,
+    code: str,
+    stdin: str | None,
+    compile_timeout: float | None,
+    run_timeout: float | None,
+    memory_limit_mb: int | None,
+    language: str = "python",
+    *,
+    files: dict[str, str | None] | None = None,
+    fetch_files: list[str] | None = None,
+    cancel: threading.Event | None = None,
+) -> tuple[dict[str, Any] | None, str | None]:
+    """Run `code` on `stdin` in a fresh micro-VM, with the arguments and return shape of
+    verl's ``call_sandbox_api``: ``(response, None)`` with Sandbox Fusion's response, or
+    ``(None, error)`` for a request that cannot be run as given.
+
+    As the service's request does, `files` maps paths to base64 content written (in the
+    micro-VM only) relative to the solution's directory before it starts, and `fetch_files`
+    names files returned base64 in the response's ``files`` once it has ended. Setting
+    `cancel` stops the case: its micro-VM is killed and it is answered SandboxError.
+    `language` "pytest" runs `code` as a test file under `pytest FILE` (with the `pytest`
+    extra installed); languages other than it and "python" are answered SandboxError."""
+    del compile_timeout  # Python has no compile step.
+
+    def body() -> Response:
+        if language not in RUNS:
+            if isinstance(language, str) and language in SANDBOX_FUSION_LANGUAGES:
+                message = (
+                    f"verl-hyperlight runs Python only; language {language!r} is not supported"
+                )
+                failures.record("language", message, "those cases score -1")
+                return sandbox_error(message)
+            raise InvalidRequest(f"unknown language {language!r}")
+        timeout = _timeout("run_timeout", run_timeout)
+        case = _validate(
+            sandbox_fusion_url, code, stdin, timeout, memory_limit_mb, files, fetch_files
+        )
+        parsed = parse_url(sandbox_fusion_url) if "?" in sandbox_fusion_url else None
+        if parsed is not None and parsed.ray is not None:
+            # Validated here, run there: the node's run_code answers as hyperlight:// does.
+            arguments = (parsed.local, code, stdin, None, run_timeout, memory_limit_mb, language)
+            options = {"files": files, "fetch_files": fetch_files}
+            answer, error = cluster.cluster.run(
+                parsed.ray, arguments, options, cancel, CASE_CANCELLED
+            )
+            if error is not None or answer is None:
+                raise InvalidRequest(str(error).removeprefix("Invalid request: "))
+            return answer
+        if language == "pytest":
+            try:
+                library = pytest_library.library()
+            except pytest_library.Missing as exc:
+                failures.record("pytest-missing", str(exc), "its pytest cases score -1")
+                return sandbox_error(str(exc))
+            case = replace(case, guest=replace(case.guest, pytest_library=library))
+        if timeout <= 0:
+            return time_limit_exceeded()  # as the service answers it, at once
+        return _run_case(hluk.hluk_path(), case, cancel)
+
+    return response_or_error(body)

@@ -1,0 +1,266 @@
+"""Case directories: where a case's files wait on the host for its micro-VM to mount them.
+
+Each case gets a directory of its own, made and written before hluk starts and removed when
+the case ends. Where: VERL_HYPERLIGHT_CASE_DIR when it is set, exactly there; else the tmpfs
+/dev/shm, where making, writing and removing them costs a fraction of a journaled file
+system's, falling back to the temporary directory (TMPDIR) for a case the tmpfs has no room
+for, and for every case when there is no usable tmpfs.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+
+from .. import diagnosis, settings
+from ..errors import CauseCounts
+from ..guest import protocol
+
+logger = logging.getLogger("verl_hyperlight")
+
+# The usual tmpfs of a Linux host (and of a container: Docker and Kubernetes mount one there).
+TMPFS = "/dev/shm"
+# The tmpfs is memory shared with others (torch's and NCCL's shared memory, Ray's object
+# store), which fail when it fills: case directories never take it past half full.
+TMPFS_KEEP_FREE = 0.5
+FULL = frozenset((errno.ENOSPC, errno.EDQUOT))
+MIB = 1024 * 1024
+
+
+class _Janitor:
+    """Removes the case directories of a process that died before it could.
+
+    run_code removes each case directory when the case ends, but a worker killed mid-case
+    (SIGKILL, the OOM killer) cannot; its hluk processes die with it, its directories (each
+    holding a solution and up to 256 MiB of stdin) would stay behind. So a child process,
+    started with the first case, is told of each directory through a pipe, and removes the
+    ones still listed when the pipe ends: when this process has gone, however it went. The
+    pipe is per-process state, set once under a lock; writes of one short record are atomic,
+    so cases need no lock to report.
+
+    After each read the cleaner sleeps a little, letting records gather in the pipe: a write
+    to a pipe whose reader waits in read() wakes it, which costs the case's thread more than
+    the write (and the cleaner a read per record). A pipe's 64 KiB hold some 800 records, a
+    50 ms nap's worth of 8000 cases a second; past that a case's report waits for the nap to
+    end."""
+
+    _CODE = (
+        "import os, shutil, time\n"
+        "live, rest = set(), b''\n"
+        "while chunk := os.read(0, 65536):\n"
+        "    *records, rest = (rest + chunk).split(b'\\0')\n"
+        "    for record in records:\n"
+        "        (live.add if record[:1] == b'+' else live.discard)(record[1:])\n"
+        "    time.sleep(0.05)\n"
+        "for path in live:\n"
+        "    shutil.rmtree(path, ignore_errors=True)\n"
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = False
+        self._process: subprocess.Popen[bytes] | None = None  # kept: its pipe must stay open
+
+    def tell(self, sign: bytes, directory: str) -> None:
+        """Report a case directory made (b"+") or removed (b"-")."""
+        if not self._started:
+            with self._lock:
+                if not self._started:
+                    self._process = self._start()
+                    self._started = True
+        if self._process is None or self._process.stdin is None:
+            return
+        try:
+            os.write(self._process.stdin.fileno(), sign + os.fsencode(directory) + b"\0")
+        except (OSError, ValueError):
+            pass  # the cleaner is gone: cases still remove their own directories
+
+    def _start(self) -> subprocess.Popen[bytes] | None:
+        null = -1
+        try:
+            # Our own /dev/null, opened before the pipe: Python 3.10's Popen leaks the pipe it
+            # made when its DEVNULL cannot be opened after it (EMFILE).
+            null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            return subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", self._CODE],
+                stdin=subprocess.PIPE,
+                stdout=null,
+                stderr=null,
+                close_fds=True,
+                start_new_session=True,  # a signal to the worker's group must not stop it early
+            )
+        except OSError as exc:
+            logger.warning(
+                "verl-hyperlight: %s", diagnosis.no_cleaner(exc, TMPFS, tempfile.gettempdir())
+            )
+            return None
+        finally:
+            if null >= 0:
+                os.close(null)
+
+
+_janitor = _Janitor()
+
+
+class _Warnings(CauseCounts):
+    """Why cases leave the tmpfs for TMPDIR, said once per cause per process: a node whose
+    tmpfs is small says so once, not once per case."""
+
+    def once(self, cause: str, why: str) -> None:
+        if self.first(cause):
+            logger.warning(
+                "verl-hyperlight: %s", diagnosis.tmpfs_passed_over(why, tempfile.gettempdir())
+            )
+
+
+_warnings = _Warnings()
+
+
+def files_of(
+    code: bytes, stdin: bytes, files: tuple[tuple[str, bytes], ...], fetch: tuple[str, ...]
+) -> list[tuple[str, bytes]]:
+    """What the case directory the guest mounts holds, by name (see guest/protocol.py): the
+    request's paths are data in it, never paths on the host."""
+    found = [(protocol.SOLUTION, code), (protocol.STDIN, stdin)]
+    if files or fetch:
+        found += [(protocol.file_name(index), data) for index, (_, data) in enumerate(files)]
+        manifest = {
+            "write": [[path, index] for index, (path, _) in enumerate(files)],
+            "fetch": list(fetch),
+        }
+        found.append((protocol.FILES, json.dumps(manifest).encode()))
+    return found
+
+
+@dataclass(frozen=True)
+class CaseDir:
+    """A case directory, written: its path and the names of the files in it."""
+
+    path: str
+    names: tuple[str, ...]
+
+    @property
+    def parent(self) -> str:
+        """Where hluk runs: the directory holding this one."""
+        return os.path.dirname(self.path)
+
+    def mount(self, target: str) -> str:
+        """hluk's --mount of this directory, read-only at `target` in the guest."""
+        # hluk splits --mount at its first colon: a case directory whose path has one is named
+        # relative to the directory hluk runs in (its parent).
+        source = os.path.basename(self.path) if ":" in self.path else self.path
+        return f"{source}:{target}:ro"
+
+    def remove(self) -> None:
+        """Remove the directory and the files written in it."""
+        _remove_case(self.path, self.names)
+        _janitor.tell(b"-", self.path)
+
+
+def make(files: list[tuple[str, bytes]]) -> CaseDir:
+    """A new case directory, only ours, holding `files`; BackendError when none can be made
+    or written, with what to do."""
+    chosen = settings.CASE_DIR.value()
+    size = sum(len(data) for _, data in files)
+    if chosen:
+        root = os.path.abspath(chosen)
+    else:
+        if _tmpfs_has_room(size):
+            try:
+                return _make_in(TMPFS, files)
+            except OSError as exc:
+                if exc.errno in diagnosis.OUT_OF_DESCRIPTORS:  # the worker's want, not the tmpfs's
+                    raise diagnosis.case_directory_unusable(
+                        TMPFS, exc, size, full=False, chosen=False
+                    ) from None
+                full = "full" if exc.errno in FULL else "unusable"
+                _warnings.once(
+                    f"tmpfs-{exc.errno}",
+                    f"the tmpfs {TMPFS} is {full} for case directories ({exc.strerror})",
+                )
+        root = tempfile.gettempdir()
+    try:
+        return _make_in(root, files)
+    except OSError as exc:
+        raise diagnosis.case_directory_unusable(
+            root, exc, size, full=exc.errno in FULL, chosen=bool(chosen)
+        ) from None
+
+
+def _tmpfs_has_room(size: int) -> bool:
+    """Whether a case of `size` bytes fits on the tmpfs and leaves it at least half free."""
+    try:
+        found = os.statvfs(TMPFS)
+    except OSError as exc:
+        _warnings.once("tmpfs-missing", f"there is no tmpfs at {TMPFS} ({exc.strerror})")
+        return False
+    total = found.f_blocks * found.f_frsize
+    free = found.f_bavail * found.f_frsize
+    if size > total * (1 - TMPFS_KEEP_FREE):
+        _warnings.once(
+            "tmpfs-too-small",
+            f"the tmpfs {TMPFS} ({total / MIB:.0f} MiB) is too small for a case of "
+            f"{size / MIB:.1f} MiB (case directories keep it at least half free)",
+        )
+        return False
+    if free - size < total * TMPFS_KEEP_FREE:
+        _warnings.once(
+            "tmpfs-full",
+            f"the tmpfs {TMPFS} has {free / MIB:.0f} MiB free of {total / MIB:.0f} MiB "
+            "(case directories keep it at least half free)",
+        )
+        return False
+    return True
+
+
+def _make_in(root: str, files: list[tuple[str, bytes]]) -> CaseDir:
+    """A case directory in `root` holding `files`; OSError, leaving nothing behind, when it
+    cannot be made or written."""
+    # As mkdtemp makes one, less its name's eight random.choice calls: 64 random bits do not
+    # collide.
+    made = CaseDir(
+        os.path.join(root, "verl-hyperlight-" + secrets.token_hex(8)),
+        tuple(name for name, _ in files),
+    )
+    os.mkdir(made.path, 0o700)
+    _janitor.tell(b"+", made.path)
+    try:
+        _write_case(made.path, files)
+    except OSError:
+        made.remove()
+        raise
+    return made
+
+
+def _write_case(case_dir: str, files: list[tuple[str, bytes]]) -> None:
+    # Unbuffered, straight from the request's bytes: a file object costs more than the write.
+    # The mode is open()'s, as the guest has always seen it.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    for name, data in files:
+        fd = os.open(os.path.join(case_dir, name), flags, 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+
+
+def _remove_case(case_dir: str, names: tuple[str, ...]) -> None:
+    """Remove a case directory: the files written in it, then it (a walk of the tree costs
+    more than that); the walk only when that fails (a case whose files were not all written)."""
+    try:
+        for name in names:
+            os.unlink(os.path.join(case_dir, name))
+        os.rmdir(case_dir)
+    except OSError:
+        shutil.rmtree(case_dir, ignore_errors=True)

@@ -1,0 +1,199 @@
+"""What to run: a sandbox URL and a memory limit turned into the guest hluk boots."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from .. import settings
+from ..errors import InvalidRequest
+from ..guest import runner
+from .url import parse_url
+
+# Imported in the warm snapshot, so a solution's imports of them cost nothing. Modules an image
+# lacks (numpy and sympy outside the agent image) are skipped.
+PREPARED_MODULES = (
+    "abc", "array", "bisect", "builtins", "calendar", "cmath", "collections", "collections.abc",
+    "contextlib", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions", "functools",
+    "gc", "hashlib", "heapq", "io", "itertools", "json", "math", "numbers", "operator", "os",
+    "pprint", "queue", "random", "re", "statistics", "string", "struct", "sys", "textwrap",
+    "threading", "time", "traceback", "types", "typing", "unicodedata", "atexit", "base64",
+    "numpy", "sympy",
+)  # fmt: skip
+# The guest package's modules, in the order they are loaded: the runner imports the protocol.
+GUEST_MODULES = ("protocol", "runner")
+
+
+@dataclass(frozen=True)
+class Image:
+    """A guest root filesystem: its hluk arguments, and the memory it needs to boot."""
+
+    args: tuple[str, ...]
+    min_memory_mb: int
+    label: str
+    local_rootfs: str | None = None  # a root filesystem file of the user's (HLUK_INITRD)
+    default_memory_mb: int = 256  # hluk's --scratch-mb when none is given
+
+
+PYTHON = Image(("--runtime", "python"), 128, "the python image")
+AGENT = Image(("--runtime", "agent"), 720, "the agent image", default_memory_mb=1536)
+
+
+@dataclass(frozen=True)
+class Guest:
+    """One micro-VM configuration: an image and its memory. Cases of one Guest share a warm
+    snapshot."""
+
+    image: Image
+    scratch_mb: int | None
+    # A host directory holding pytest (see _guest_pytest), for `language: "pytest"` cases: it
+    # is mounted read-only and imported before the warm snapshot, and the guest's cases run
+    # under pytest. None: cases run as `python solution.py`.
+    pytest_library: str | None = None
+
+    @property
+    def memory_mb(self) -> int:
+        """The micro-VM's memory."""
+        return self.scratch_mb if self.scratch_mb is not None else self.image.default_memory_mb
+
+    def args(self) -> list[str]:
+        """hluk run's guest arguments: image, memory, pytest's mount and the warm-up code."""
+        memory = [] if self.scratch_mb is None else ["--scratch-mb", str(self.scratch_mb)]
+        if self.pytest_library is None:
+            return [*self.image.args, *memory, "--warm-exec", warm_exec_code()]
+        mount = ["--mount", f"{self.pytest_library}:{runner.PYTEST_MOUNT}:ro"]
+        warm_exec = warm_exec_code(pytest_copy=os.path.basename(self.pytest_library))
+        return [*self.image.args, *memory, *mount, "--warm-exec", warm_exec]
+
+
+def image_for(url: str) -> Image:
+    """The image a sandbox URL names; InvalidRequest for one that is not ours or is
+    malformed."""
+    image = parse_url(url).image
+    if image == "python":
+        initrd = settings.HLUK_INITRD.value()
+        if initrd is not None:
+            initrd = os.path.abspath(initrd)  # hluk runs in another directory
+            return Image(
+                ("--initrd", initrd, "--warm"), PYTHON.min_memory_mb, f"initrd {initrd}", initrd
+            )
+        return PYTHON
+    if image == "agent":
+        return AGENT
+    repository = image.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
+    like = AGENT if repository == "agent" else PYTHON
+    return Image(
+        ("--runtime", image),
+        like.min_memory_mb,
+        f"image {image}",
+        default_memory_mb=like.default_memory_mb,
+    )
+
+
+def memory_for(memory_limit_mb: float) -> int:
+    """The micro-VM memory (MiB) for a limit: a third more than the solution may use, for the
+    guest kernel and interpreter, rounded up to the ladder of sizes (powers of two and 1.5
+    times them: 192, 256, 384, 512, 768, 1024, 1536, 2048, ...).
+
+    Each size is a guest of its own (a cold boot and a warm snapshot of tens of MiB, under
+    the node-wide lock), so nearby limits share one: 769 to 1152 (verl's default 1024
+    among them) all run in 1536 MiB."""
+    needed = math.ceil(memory_limit_mb * 4 / 3)
+    power = 1 << (needed - 1).bit_length()  # the smallest power of two >= needed
+    return power * 3 // 4 if power * 3 // 4 >= needed else power
+
+
+def guest_for(url: str, memory_limit_mb: object) -> Guest:
+    """The guest for a case: the URL's image with the memory `memory_for` gives the limit."""
+    image = image_for(url)
+    if memory_limit_mb is None or (
+        not isinstance(memory_limit_mb, bool) and memory_limit_mb in (-1, 0)
+    ):
+        return Guest(image, None)
+    if (
+        isinstance(memory_limit_mb, bool)
+        or not isinstance(memory_limit_mb, int | float)
+        or not math.isfinite(memory_limit_mb)  # NaN is not "below" anything: say what it is
+    ):
+        raise InvalidRequest(f"memory_limit_mb must be a number or None, not {memory_limit_mb!r}")
+    if memory_limit_mb < image.min_memory_mb:
+        raise InvalidRequest(
+            f"memory_limit_mb={memory_limit_mb} is below what {image.label} boots in: the guest "
+            "kernel enforces no per-process limit, so the limit is the micro-VM's memory; "
+            f"use at least {image.min_memory_mb} (or None/-1/0 for the image's default)"
+        )
+    return Guest(image, memory_for(memory_limit_mb))
+
+
+@lru_cache(maxsize=4)
+def warm_exec_code(pytest_copy: str | None = None) -> str:
+    """hluk's --warm-exec: load the guest package (the frame protocol and the runner) and
+    prepare the common imports (and, for a pytest guest, pytest from its mount: the copy named
+    `pytest_copy`), once, before the snapshot is taken."""
+    package = runner.PACKAGE_NAME
+    lines = [
+        "import sys, types",
+        f"_p = sys.modules[{package!r}] = types.ModuleType({package!r})",
+        "_p.__path__ = []",
+    ]
+    for name in GUEST_MODULES:
+        source = resources.files(runner.__package__).joinpath(f"{name}.py").read_text()
+        module = f"{package}.{name}"
+        lines += [
+            f"_m = sys.modules[{module!r}] = types.ModuleType({module!r})",
+            f"_m.__package__ = {package!r}",
+            f"exec(compile({source!r}, {runner.RUNNER_FILENAME!r}, 'exec'), _m.__dict__)",
+            f"_p.{name} = _m",
+        ]
+    lines.append(f"_p.runner.prepare({list(PREPARED_MODULES)!r})")
+    if pytest_copy is not None:
+        # Named, so that the snapshot's key (which holds the warm-exec, not the mounts) is
+        # another once pytest is upgraded: a snapshot holds the pytest it imported.
+        lines.append(f"_p.runner.prepare_pytest()  # {pytest_copy}")
+    lines.append("del _p, _m, sys, types")
+    return "\n".join(lines) + "\n"
+
+
+def _call(function: str, *args: str) -> str:
+    module = runner.MODULE_NAME
+    arguments = ", ".join(repr(arg) for arg in args)
+    return f"__import__({module!r}, fromlist=['_']).{function}({arguments})"
+
+
+def workload_code(case_dir: str, nonce: str) -> str:
+    """hluk's --exec for one case: run the case mounted at `case_dir`."""
+    return _call("main", case_dir, nonce)
+
+
+def notebook_code(nonce: str) -> str:
+    """hluk's --exec for a notebook: run the calls the console's input brings."""
+    return _call("notebook", nonce)
+
+
+def probe_code(nonce: str) -> str:
+    """hluk's --exec for a warm-up: report an empty case through the runner."""
+    return _call("probe", nonce)
+
+
+def hluk_argv(
+    path: str,
+    guest: Guest,
+    exec_code: str,
+    *,
+    mount: str | None = None,
+    log_level: str | None = None,
+) -> list[str]:
+    """The argv that runs `exec_code` in `guest` with the hluk at `path`: the one place a case's
+    and a probe's runs are spelled, so they cannot drift apart. `mount` is a --mount value
+    (HOST:GUEST[:ro]); `log_level` hluk's --log-level (a probe reads its `restored=` line)."""
+    argv = [path]
+    if log_level is not None:
+        argv += ["--log-level", log_level]
+    argv += ["run", *guest.args()]
+    if mount is not None:
+        argv += ["--mount", mount]
+    argv += ["--exec", exec_code]
+    return argv

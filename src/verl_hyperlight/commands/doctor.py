@@ -1,0 +1,495 @@
+"""`verl-hyperlight doctor`: whether this node can score code, and what fixes it if not.
+
+Each check is a line: ok, warn or fail, what was found, and for every warn or fail the
+command or setting that fixes it. The guest checks run a real case end to end, so a doctor run
+also leaves the node warm.
+"""
+
+from __future__ import annotations
+
+import getpass
+import grp
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Generator, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from .. import diagnosis, settings
+from ..case import casedir, cluster, pytest_library, warmup
+from ..case.api import run_code
+from ..case.guests import guest_for
+from ..case.url import parse_url
+from ..errors import BackendError, InvalidRequest
+from ..hluk import process as hluk
+from ..hluk import spawn
+
+KVM_DEVICE = "/dev/kvm"
+# A warm snapshot is about 75 MiB (python) to several hundred (agent); images as much again.
+MIN_FREE_BYTES = 2 * 1024**3
+# What a case may hold on the host besides its micro-VM, at most (README's sizing rule).
+HOST_MB_PER_CASE = 96
+ARCHITECTURES = {"x86_64": "x86-64", "amd64": "x86-64", "aarch64": "arm64", "arm64": "arm64"}
+PLUGIN_MODULE = "verl_hyperlight.plugin"
+ENTRY_POINT = "hyperlight"
+NAME_WIDTH = 8
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding."""
+
+    name: str
+    status: str  # "ok", "warn" or "fail"
+    detail: str
+    fix: str = ""
+
+
+def ok(name: str, detail: str) -> Check:
+    return Check(name, "ok", detail)
+
+
+def warn(name: str, detail: str, fix: str) -> Check:
+    return Check(name, "warn", detail, fix)
+
+
+def fail(name: str, detail: str, fix: str) -> Check:
+    return Check(name, "fail", detail, fix)
+
+
+@dataclass(frozen=True)
+class Options:
+    url: str = "hyperlight://"
+    memory_limit_mb: int | None = 1024
+    max_concurrent: int | None = None
+    num_workers: int | None = None
+
+
+def checks(options: Options) -> Iterator[Check]:
+    """Every check, in the order an operator fixes them."""
+    yield from _platform()
+    resource = _ray_resource(options.url)
+    if resource is not None:
+        yield from _cluster_checks(options, resource)
+        yield from _verl()
+        return
+    path = yield from hluk_checks()
+    yield _kvm()
+    yield from _cache()
+    yield _case_directories()
+    if path is not None:
+        yield from guest_checks(path, options)
+    yield _pytest()
+    yield _spawn_check()
+    yield from _sizing(options)
+    yield from _verl()
+
+
+def _ray_resource(url: str) -> str | None:
+    try:
+        return parse_url(url).ray
+    except InvalidRequest:
+        return None  # the guest check says what is wrong with it
+
+
+def _cluster_checks(options: Options, resource: str) -> Iterator[Check]:
+    """hyperlight://?ray: the cluster reached, the alive nodes that offer `resource`, and on
+    each of them (a task pinned there) the checks of hluk, /dev/kvm, the warm guest and a case
+    end to end, as doctor makes them on a node of its own."""
+    try:
+        ray = cluster.cluster.ray()
+    except BackendError as exc:
+        yield fail("ray", str(exc), fix_of(str(exc)))
+        return
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    offering = [
+        node for node in ray.nodes() if node["Alive"] and node["Resources"].get(resource, 0) > 0
+    ]
+    if not offering:
+        problem = diagnosis.ray_resource_offered_by_none(resource, 0)
+        yield fail(
+            "nodes", f"no alive node of the Ray cluster offers {resource!r}", fix_of(str(problem))
+        )
+        return
+    yield ok(
+        "nodes",
+        f"{len(offering)} alive node(s) offer {resource!r}: "
+        + ", ".join(
+            f"{node['NodeManagerAddress']} ({node['NodeID'][:8]}, {node['Resources'][resource]:g})"
+            for node in offering
+        ),
+    )
+    local = replace(options, url=parse_url(options.url).local)
+    task = ray.remote(_node_checks)
+    pending = {
+        node["NodeID"]: task.options(
+            num_cpus=0,
+            resources={resource: 1},
+            max_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+        ).remote(local)
+        for node in offering
+    }
+    limit = settings.WARM_UP_TIMEOUT.value() + settings.STARTUP_TIMEOUT.value() + 30
+    for node in offering:
+        place = f"[{node['NodeManagerAddress']} {node['NodeID'][:8]}]"
+        try:
+            found: list[Check] = ray.get(pending[node["NodeID"]], timeout=limit)
+        except Exception as exc:  # the node died, timed out, or Ray failed the task
+            yield fail("node", f"{place} its checks did not come back: {exc!r}", "ray status")
+            continue
+        for check in found:
+            yield replace(check, detail=f"{place} {check.detail}")
+
+
+def _node_checks(options: Options) -> list[Check]:
+    """On a node of the cluster: the checks doctor makes of a node's own micro-VMs."""
+
+    def found() -> Iterator[Check]:
+        path = yield from hluk_checks()
+        yield _kvm()
+        if path is not None:
+            yield from guest_checks(path, options)
+
+    return list(found())
+
+
+def _platform() -> Iterator[Check]:
+    system, machine = platform.system(), platform.machine()
+    if system != "Linux" or machine.lower() not in ARCHITECTURES:
+        yield fail(
+            "platform",
+            f"{system} {machine}: hluk runs on Linux, x86-64 or arm64",
+            "run the reward workers (or `verl-hyperlight serve`) on such a node",
+        )
+    else:
+        yield ok("platform", f"Linux {ARCHITECTURES[machine.lower()]}")
+    # The package installs on 3.10 and later only: being here says enough.
+    version = ".".join(map(str, sys.version_info[:3]))
+    yield ok("python", f"Python {version} ({sys.executable})")
+
+
+def hluk_checks() -> Generator[Check, None, str | None]:
+    """hluk: found, executable, exec'd by its wrapper, recent enough. Returns its path, if it
+    can run."""
+    try:
+        path = hluk.hluk_path()
+    except BackendError:
+        yield fail("hluk", "not found on PATH, and HLUK_PATH is not set", diagnosis.INSTALL_COMMAND)
+        return None
+    if not os.path.exists(path):
+        yield fail(
+            "hluk", f"{path} does not exist", f"{diagnosis.INSTALL_COMMAND}, or fix HLUK_PATH"
+        )
+        return None
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        yield fail("hluk", f"{path} is not executable", f"chmod +x {path}")
+        return None
+    wrapper = _wrapper_without_exec(path)
+    if wrapper:
+        yield warn(
+            "wrapper",
+            f"{path} is a script that does not exec hluk: a reward worker that dies would "
+            "leave its micro-VMs running",
+            'end the script with: exec /path/to/hluk "$@"',
+        )
+    try:
+        version = hluk.check_version(path)
+    except BackendError as exc:
+        yield fail("hluk", str(exc), f"{diagnosis.INSTALL_COMMAND} (0.19.0 or later)")
+        return None
+    yield ok("hluk", f"hluk {version} at {path}")
+    return path
+
+
+def _wrapper_without_exec(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64 * 1024)
+    except OSError:
+        return False
+    if not head.startswith(b"#!"):
+        return False
+    lines = head.decode(errors="replace").splitlines()[1:]
+    return not any(re.match(r"\s*exec\s", line) for line in lines)
+
+
+def _can_use(path: str) -> bool:
+    return os.access(path, os.R_OK | os.W_OK)
+
+
+def _kvm() -> Check:
+    if not os.path.exists(KVM_DEVICE):
+        return fail(
+            "/dev/kvm",
+            f"{KVM_DEVICE} does not exist: this node has no KVM (a VM without nested "
+            "virtualization, or a container without the device)",
+            "run on a node with KVM, or send the cases to one with `verl-hyperlight serve`",
+        )
+    if not _can_use(KVM_DEVICE):
+        group = grp.getgrgid(os.stat(KVM_DEVICE).st_gid).gr_name
+        user = getpass.getuser()
+        return fail(
+            "/dev/kvm",
+            f"{KVM_DEVICE} is not readable and writable by {user} (it belongs to group {group})",
+            f"sudo usermod -aG {group} {user}, then log in again",
+        )
+    return ok("/dev/kvm", f"{KVM_DEVICE} is readable and writable")
+
+
+def _cache() -> Iterator[Check]:
+    root = Path(settings.hluk_cache_directory())
+    fix = "point HLUK_CACHE_DIR at a writable directory with a few GiB free"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root):
+            pass
+    except OSError as exc:
+        yield fail("cache", f"hluk's cache {root} is not writable ({exc})", fix)
+        return
+    free = shutil.disk_usage(root).free
+    if free < MIN_FREE_BYTES:
+        yield warn(
+            "cache",
+            f"hluk's cache {root} has {free / 1024**3:.1f} GiB free; images and warm "
+            f"snapshots need {MIN_FREE_BYTES / 1024**3:.0f} GiB or more",
+            f"free space there, or {fix}",
+        )
+    else:
+        yield ok("cache", f"hluk's cache {root}, {free / 1024**3:.1f} GiB free")
+
+
+def _case_directories() -> Check:
+    """Where case directories go: one made as a case makes it, and removed."""
+    try:
+        made = casedir.make([])
+    except BackendError as exc:
+        return fail("case-dir", str(exc), fix_of(str(exc)))
+    made.remove()
+    chosen = settings.CASE_DIR.value()
+    if chosen:
+        return ok("case-dir", f"case directories go to {made.parent} ({settings.CASE_DIR.name})")
+    if made.parent == casedir.TMPFS:
+        return ok(
+            "case-dir",
+            f"case directories go to the tmpfs {casedir.TMPFS} (while it is at least half free; "
+            "else to TMPDIR)",
+        )
+    return warn(
+        "case-dir",
+        f"case directories go to {made.parent} (TMPDIR), not to the tmpfs {casedir.TMPFS}, "
+        "where making and removing them costs a fraction",
+        diagnosis.off_tmpfs_fix(made.parent),
+    )
+
+
+def _pytest() -> Check:
+    """Whether `language: "pytest"` cases can run: the pytest extra, copied for the guest."""
+    try:
+        library = pytest_library.library()
+    except pytest_library.Missing as exc:
+        return warn("pytest", str(exc), fix_of(str(exc)))
+    except BackendError as exc:
+        return fail("pytest", str(exc), fix_of(str(exc)))
+    version = importlib.metadata.version("pytest")
+    return ok(
+        "pytest",
+        f"the pytest extra is installed: pytest {version} for language 'pytest' cases, "
+        f"given to the guest from {library}",
+    )
+
+
+def guest_checks(path: str, options: Options) -> Iterator[Check]:
+    """The guest of `options` with the hluk at `path`: that it starts, its warm snapshot (taken
+    if missing), then a case end to end, twice (a first case's latency and the next's)."""
+    try:
+        guest = guest_for(options.url, options.memory_limit_mb)
+    except InvalidRequest as exc:
+        yield fail("guest", str(exc), "check the URL and --memory-limit-mb")
+        return
+    images = list((Path(settings.hluk_cache_directory()) / "rootfs").rglob("*.cpio"))
+    try:
+        warmth = warmup.ensure_ready(path, guest)
+    except BackendError as exc:
+        yield fail("guest", f"{guest.image.label} cannot start: {exc}", fix_of(str(exc)))
+        return
+    if warmth is not None and warmth.restored is False:
+        yield warn(
+            "snapshot",
+            f"{guest.image.label} had no warm snapshot{'' if images else ' (nor an image)'}: "
+            f"doctor just took it ({warmth.seconds:.1f} s, which a first case would wait)",
+            f"verl-hyperlight warm-up {options.url} on every node before training",
+        )
+    else:
+        yield ok("snapshot", f"{guest.image.label} is warm")
+    latencies = []
+    for _ in range(2):
+        started = time.monotonic()
+        response, error = run_code(options.url, "print(1+1)", "", 10, 10, options.memory_limit_mb)
+        latencies.append(time.monotonic() - started)
+        if error is not None or response is None or response["status"] != "Success":
+            message = error or (response or {}).get("message") or str(response)
+            yield fail("case", f"print(1+1) did not succeed: {message}", fix_of(message))
+            return
+    yield ok(
+        "case",
+        f"print(1+1) answered 2: {latencies[0] * 1000:.0f} ms the first time, "
+        f"{latencies[1] * 1000:.0f} ms the next",
+    )
+
+
+def fix_of(message: str) -> str:
+    """run_code's messages end with what to do, after a colon or a semicolon."""
+    for mark in ("): ", "; "):
+        if mark in message:
+            return message.rsplit(mark, 1)[1]
+    return "see the message; `verl-hyperlight warm-up` says more"
+
+
+def _spawn_check() -> Check:
+    cheap, how = spawn.describe()
+    if cheap:
+        return ok("spawn", how)
+    return warn(
+        "spawn",
+        how,
+        f"check that {sys.executable} runs `-I -S`, and unset {settings.SPAWN.name}; else install "
+        "util-linux 2.33 or later (setpriv --pdeathsig), e.g. apt install util-linux",
+    )
+
+
+def _sizing(options: Options) -> Iterator[Check]:
+    if options.max_concurrent is None or options.num_workers is None:
+        return
+    cpus = len(os.sched_getaffinity(0))
+    vms = options.max_concurrent * options.num_workers
+    fits = max(cpus // options.num_workers, 0)
+    if vms > cpus:
+        yield fail(
+            "sizing",
+            f"max_concurrent {options.max_concurrent} x {options.num_workers} reward workers "
+            f"= {vms} micro-VMs on {cpus} CPUs: cases slow down and pass their timeouts",
+            f"max_concurrent={fits}" if fits else f"max_concurrent=1, reward.num_workers={cpus}",
+        )
+    else:
+        yield ok("sizing", f"{vms} micro-VMs at most on {cpus} CPUs")
+    try:
+        guest = guest_for(options.url, options.memory_limit_mb)
+    except InvalidRequest:
+        return
+    need = vms * (guest.memory_mb + HOST_MB_PER_CASE)
+    free = _available_mb()
+    if free is not None and need > free:
+        per_vm = guest.memory_mb + HOST_MB_PER_CASE
+        yield fail(
+            "memory",
+            f"{vms} micro-VMs of {guest.memory_mb} MiB (and up to {HOST_MB_PER_CASE} MiB each "
+            f"on the host) need {need} MiB; {free} MiB is available",
+            f"max_concurrent={max(free // per_vm // options.num_workers, 0)}, or a lower "
+            "memory_limit_mb",
+        )
+    elif free is not None:
+        yield ok("memory", f"{need} MiB at most of {free} MiB available")
+
+
+def _available_mb() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def _verl_version() -> str | None:
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _plugins() -> set[str]:
+    """The names of the verl.plugins entry points installed here."""
+    return {ep.name for ep in importlib.metadata.entry_points(group="verl.plugins")}
+
+
+def _verl() -> Iterator[Check]:
+    version = _verl_version()
+    if version is None:
+        yield warn(
+            "verl",
+            "verl is not installed in this environment",
+            "install verl-hyperlight in the environment verl's reward workers use",
+        )
+        return
+    release = _version(version)
+    key = "reward" if release >= (0, 7, 1) else "reward_model"
+    names = _plugins()
+    if release < (0, 6):
+        yield warn(
+            "verl",
+            f"verl {version} has no plugin hook",
+            "run `verl-hyperlight serve --host 0.0.0.0` on a node with KVM and point "
+            f"{key}.sandbox_fusion.url at it: http, port 8080, path /run_code",
+        )
+        return
+    if ENTRY_POINT not in names:
+        yield fail(
+            "verl",
+            f"verl {version}; the {ENTRY_POINT} entry point of verl.plugins is missing",
+            "pip install --force-reinstall verl-hyperlight",
+        )
+        return
+    if release < (0, 9):
+        modules = os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
+        if PLUGIN_MODULE not in [m.strip() for m in modules.split(",")]:
+            yield fail(
+                "verl",
+                f"verl {version} loads plugins only through VERL_USE_EXTERNAL_MODULES, which "
+                f"does not name {PLUGIN_MODULE}",
+                f"VERL_USE_EXTERNAL_MODULES={PLUGIN_MODULE} in every process (Ray's runtime_env)",
+            )
+            return
+    else:
+        policy = os.environ.get("VERL_USE_EXTERNAL_PLUGINS")
+        allowed = policy is None or policy.strip().lower() == "auto"
+        if not allowed and policy is not None and policy.strip().lower() != "none":
+            allowed = ENTRY_POINT in [p.strip().lower() for p in policy.split(",")]
+        if not allowed:
+            yield fail(
+                "verl",
+                f"verl {version}, but VERL_USE_EXTERNAL_PLUGINS={policy!r} keeps the plugin out",
+                "unset VERL_USE_EXTERNAL_PLUGINS, or name hyperlight in it",
+            )
+            return
+    yield ok("verl", f"verl {version} loads the plugin; set {key}.sandbox_fusion.url=hyperlight://")
+
+
+def render(found: list[Check]) -> str:
+    width = max(NAME_WIDTH, *(len(check.name) for check in found))
+    lines = []
+    for check in found:
+        lines.append(f"{check.status:<5} {check.name:<{width}}  {check.detail}")
+        if check.fix:
+            lines.append(f"{'':<5} {'':<{width}}  fix: {check.fix}")
+    return "\n".join(lines)
+
+
+def as_json(found: list[Check]) -> dict[str, object]:
+    return {
+        "ok": all(check.status != "fail" for check in found),
+        "checks": [asdict(check) for check in found],
+    }

@@ -1,0 +1,455 @@
+"""`verl-hyperlight selftest`: whether this node's micro-VMs answer the conformance corpus as
+CPython 3.12 answers it under Sandbox Fusion, and precisely where not.
+
+Every program runs through `run_code`, as the plugin runs a case, and its answer is compared
+with the one recorded from CPython (`conformance`). A difference is a documented known limit
+when it is confined to the fields the program's README entry explains; any other is a
+divergence. The backend is checked first, with doctor's own checks, so a broken node is named
+as such instead of as every program diverging; then the code tool's notebook path, as a
+trajectory's calls take it.
+
+Ctrl-C stops it at once: the cases in flight are cancelled (their micro-VMs killed), the
+programs not yet run are not, and the report says what had been checked.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Generator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from ..agent.notebook import Notebook
+from ..case.api import run_code
+from ..guest import runner
+from . import doctor
+from .conformance import (
+    FAMILIES,
+    PROBE,
+    PROGRAMS,
+    Interpreter,
+    Program,
+    Shape,
+    differences,
+    load_recording,
+    parse_probe,
+    recorded_form,
+    shape,
+)
+
+# verl's default memory_limit_mb; both images boot in it.
+MEMORY_LIMIT_MB = 1024
+COMPILE_TIMEOUT = 10.0
+# The notebook check's calls and their stdout: the second reads what the first left; a call
+# after the notebook has ended finds a new one, without it.
+NOTEBOOK_CALLS = (("shared = 41", ""), ("print(shared + 1)", "42\n"))
+AFTER_THE_END = ("print('shared' in globals())", "False\n")
+NOTEBOOK_RUN_TIMEOUT = 10.0
+
+AGREED = "agreed"
+KNOWN_LIMIT = "known limit"
+DIVERGED = "diverged"
+BACKEND_FAILURE = "backend failure"
+SKIPPED = "skipped"
+# How a family's line counts its programs that did not agree.
+TALLIED = {
+    KNOWN_LIMIT: ("known limit", "known limits"),
+    DIVERGED: ("diverged", "diverged"),
+    BACKEND_FAILURE: ("failed in the backend", "failed in the backend"),
+    SKIPPED: ("skipped", "skipped"),
+}
+
+# How much of a differing field the text report shows; --json holds all of it.
+SHOWN_CHARACTERS = 1500
+AGAIN = "INTERRUPTED: no verdict on this node; run `verl-hyperlight selftest` to its end"
+
+
+def default_jobs() -> int:
+    """Programs at once: one per CPU this process may use, and at least 4, as most of the
+    corpus waits (sleeps, threads, timeouts) rather than computes."""
+    return max(4, len(os.sched_getaffinity(0)))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One program's verdict. `note` is why for a known limit (the README's sentence), a
+    backend failure (its message) or a skip."""
+
+    program: Program
+    verdict: str
+    expected: list[Shape]
+    ours: list[Shape]
+    fields: list[str]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Report:
+    url: str
+    recorded_python: str
+    checks: list[doctor.Check]  # added to as they are made: an interrupted report keeps them
+    broken: str = ""  # why no program could be run, if none could
+    guest: Interpreter | None = None
+    outcomes: list[Outcome] = field(default_factory=list)
+    seconds: float = 0.0
+    planned: int = 0  # the programs it was to check
+    interrupted: bool = False  # by Ctrl-C: `outcomes` are those of the programs checked by then
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.broken
+            and not self.interrupted
+            and all(check.status != "fail" for check in self.checks)
+            and not any(o.verdict in (DIVERGED, BACKEND_FAILURE) for o in self.outcomes)
+        )
+
+
+def checks(url: str) -> Generator[doctor.Check, None, None]:
+    """doctor's checks of what a case needs: hluk (found, runnable, its version) and the guest
+    (its warm snapshot, taken if missing, and a case end to end). A failed one is yielded
+    before it stops them."""
+    path = yield from doctor.hluk_checks()
+    if path is not None:
+        options = doctor.Options(url=url, memory_limit_mb=MEMORY_LIMIT_MB)
+        yield from doctor.guest_checks(path, options)
+
+
+def notebook_check(url: str) -> doctor.Check:
+    """The code tool's notebook path (``agent.notebook``), as a trajectory's calls take it: a
+    notebook started, two calls that share a variable, and its end (after which a call finds a
+    new notebook, without that variable)."""
+    notebook = Notebook(url, MEMORY_LIMIT_MB)
+    try:
+        started = time.monotonic()
+        for code, expected in NOTEBOOK_CALLS:
+            answered = _solutions(notebook.run(code, NOTEBOOK_RUN_TIMEOUT, None))
+            if _stdout(answered) != expected:
+                return _notebook_failed(f"its call {code!r} answered {_said(answered)}")
+        seconds = time.monotonic() - started
+        notebook.close()
+        code, expected = AFTER_THE_END
+        answered = _solutions(notebook.run(code, NOTEBOOK_RUN_TIMEOUT, None))
+        if _stdout(answered) != expected:
+            return _notebook_failed(f"a call after its end, {code!r}, answered {_said(answered)}")
+    finally:
+        notebook.close()
+    return doctor.ok(
+        "notebook",
+        f"a notebook started and kept a variable between two calls ({seconds * 1000:.0f} ms "
+        "for both), and ended: the next call found a new one",
+    )
+
+
+def _stdout(answered: dict[str, Any] | str) -> str | None:
+    """A successful run's stdout."""
+    if isinstance(answered, str) or answered["status"] != "Success":
+        return None
+    stdout: str = answered["run_result"]["stdout"]
+    return stdout
+
+
+def _said(answered: dict[str, Any] | str) -> str:
+    if isinstance(answered, str):
+        return answered
+    run = answered["run_result"] or {}
+    return f"{answered['status']}, stdout {run.get('stdout')!r}, stderr {run.get('stderr')!r}"
+
+
+def _notebook_failed(detail: str) -> doctor.Check:
+    return doctor.fail("notebook", detail, doctor.fix_of(detail))
+
+
+def selftest(
+    url: str,
+    jobs: int,
+    programs: list[Program] = PROGRAMS,
+    on_check: Callable[[doctor.Check], None] = lambda check: None,
+) -> Report:
+    """Check the backend and the notebook path, then run `programs` `jobs` at a time and judge
+    each answer. Ctrl-C (KeyboardInterrupt) stops it at once: what had been checked then is
+    the report, `interrupted`."""
+    started = time.monotonic()
+    recording = load_recording()
+    report = Report(url, recording.python, [], planned=len(programs))
+    try:
+        report = _check(report, jobs, programs, on_check, recording.answers)
+    except KeyboardInterrupt:
+        report = replace(report, interrupted=True)
+    return replace(report, seconds=time.monotonic() - started)
+
+
+def _check(
+    report: Report,
+    jobs: int,
+    programs: list[Program],
+    on_check: Callable[[doctor.Check], None],
+    recorded: dict[str, list[Shape]],
+) -> Report:
+    url = report.url
+    for check in checks(url):
+        report.checks.append(check)
+        on_check(check)
+    failed = [check for check in report.checks if check.status == "fail"]
+    if failed:
+        why = "; ".join(f"{check.name}: {check.detail}" for check in failed)
+        return replace(report, broken=why)
+    # Not a case's: its failure is said, and the corpus still runs.
+    notebook = notebook_check(url)
+    report.checks.append(notebook)
+    on_check(notebook)
+    probe = _run(url, PROBE, None, 10.0)
+    if isinstance(probe, str):
+        broken = f"the program that asks the guest its Python version failed: {probe}"
+        return replace(report, broken=broken)
+    if probe["status"] != "Success":
+        run = probe["run_result"]
+        broken = (
+            "the program that asks the guest its Python version answered "
+            f"{probe['status']} (return code {run['return_code']}): {run['stderr'][-500:]!r}"
+        )
+        return replace(report, broken=broken)
+    guest = parse_probe(probe["run_result"]["stdout"])
+    outcomes, interrupted = _run_corpus(url, jobs, programs, guest, recorded)
+    return replace(report, guest=guest, outcomes=outcomes, interrupted=interrupted)
+
+
+def _run(
+    url: str,
+    code: str,
+    stdin: str | None,
+    run_timeout: float,
+    cancel: threading.Event | None = None,
+) -> dict[str, Any] | str:
+    """run_code's response, or the message of a response that is not the solution's own."""
+    return _solutions(
+        run_code(url, code, stdin, COMPILE_TIMEOUT, run_timeout, MEMORY_LIMIT_MB, cancel=cancel)
+    )
+
+
+def _solutions(answer: tuple[dict[str, Any] | None, str | None]) -> dict[str, Any] | str:
+    """run_code's (or a notebook call's) response, or the message of a response that is not
+    the solution's own."""
+    response, error = answer
+    if error is not None:
+        return error
+    assert response is not None
+    if response["status"] == "SandboxError":
+        return str(response.get("message") or "SandboxError")
+    return response
+
+
+def answer(
+    url: str, program: Program, guest: Interpreter, cancel: threading.Event | None = None
+) -> Shape | str:
+    """One run of `program` on this node: its shape, or the backend's failure message."""
+    response = _run(url, program.code, program.stdin, program.run_timeout, cancel)
+    if isinstance(response, str):
+        return response
+    return shape(response, runner.WORK_DIR, guest.stdlib)
+
+
+def _run_corpus(
+    url: str,
+    jobs: int,
+    programs: list[Program],
+    guest: Interpreter,
+    recorded: dict[str, list[Shape]],
+) -> tuple[list[Outcome], bool]:
+    """Each program's outcome, and whether Ctrl-C stopped the runs: the outcomes are then
+    those of the programs whose runs had all ended before it (the others' cases cancelled,
+    or never started)."""
+    runs: dict[str, list[Future[Shape | str]]] = {}
+    cancel = threading.Event()
+    pool = ThreadPoolExecutor(jobs)
+    ended: set[str] | None = None  # when interrupted: the programs whose runs had ended
+    try:
+        # The slowest first, so they do not finish the batch alone.
+        for program in sorted(programs, key=lambda p: -p.run_timeout):
+            if set(program.needs) <= set(guest.libraries):
+                runs[program.name] = [
+                    pool.submit(answer, url, program, guest, cancel) for _ in range(program.runs)
+                ]
+        wait([run for program_runs in runs.values() for run in program_runs])
+    except KeyboardInterrupt:
+        # Seen before the cancel, so that no answer of a cancelled case is judged.
+        ended = {name for name, program_runs in runs.items() if all(r.done() for r in program_runs)}
+        cancel.set()
+    finally:
+        pool.shutdown(cancel_futures=True)
+    outcomes = []
+    for program in programs:
+        expected = recorded[program.name]
+        if ended is not None and program.name not in ended:
+            continue
+        if program.name not in runs:
+            missing = ", ".join(sorted(set(program.needs) - set(guest.libraries)))
+            outcomes.append(
+                Outcome(program, SKIPPED, expected, [], [], f"the image has no {missing}")
+            )
+            continue
+        results = [run.result() for run in runs[program.name]]
+        failures = [result for result in results if isinstance(result, str)]
+        if failures:
+            outcomes.append(Outcome(program, BACKEND_FAILURE, expected, [], [], failures[0]))
+            continue
+        ours = [result for result in results if not isinstance(result, str)]
+        outcomes.append(_judge(program, expected, ours))
+    return outcomes, ended is not None
+
+
+def _judge(program: Program, expected: list[Shape], ours: list[Shape]) -> Outcome:
+    fields = differences(program, expected, ours)
+    ours = [recorded_form(run) for run in ours]
+    if not fields:
+        return Outcome(program, AGREED, expected, ours, fields)
+    divergence = program.divergence
+    if divergence is not None and set(fields) <= set(divergence.ours):
+        return Outcome(program, KNOWN_LIMIT, expected, ours, fields, divergence.limit)
+    return Outcome(program, DIVERGED, expected, ours, fields)
+
+
+def render(report: Report) -> str:
+    """The report as text: the families' tallies, then every difference with its program
+    and both answers, then the verdict."""
+    lines = []
+    if report.broken:
+        lines.append(f"the backend is broken, so no program was run: {report.broken}")
+        lines.append(
+            "fix what the failed checks above say, then run `verl-hyperlight selftest` again"
+        )
+        return "\n".join(lines)
+    if report.guest is None:
+        assert report.interrupted  # else it was broken, or it has a guest
+        checked = ", ".join(check.name for check in report.checks) or "nothing"
+        return f"interrupted (Ctrl-C) before any program was run; checked: {checked}\n{AGAIN}"
+    lines.append(
+        f"guest: CPython {report.guest.version}; answers recorded from CPython "
+        f"{report.recorded_python} run as Sandbox Fusion runs it"
+    )
+    if report.guest.version.split(".")[:2] != report.recorded_python.split(".")[:2]:
+        lines.append(
+            "  the guest's CPython is not the one the answers were recorded from: messages and "
+            "tracebacks differ between versions (the published images are CPython 3.12)"
+        )
+    for family in FAMILIES:
+        members = [o for o in report.outcomes if o.program.family == family]
+        ran = [o for o in members if o.verdict != SKIPPED]
+        if not members:
+            continue
+        agreed = sum(o.verdict == AGREED for o in ran)
+        counts = {verdict: sum(o.verdict == verdict for o in members) for verdict in TALLIED}
+        notes = [
+            f"{count} {TALLIED[verdict][count > 1]}" for verdict, count in counts.items() if count
+        ]
+        suffix = f" ({', '.join(notes)})" if notes else ""
+        lines.append(f"  {family:<26}{agreed:>4}/{len(ran)}{suffix}")
+    for outcome in report.outcomes:
+        if outcome.verdict in (KNOWN_LIMIT, DIVERGED):
+            lines += ["", *_describe(outcome, report.recorded_python)]
+    # A backend failure says nothing of the program: one paragraph per cause, not per program.
+    failed: dict[str, list[str]] = {}
+    for outcome in report.outcomes:
+        if outcome.verdict == BACKEND_FAILURE:
+            failed.setdefault(outcome.note, []).append(outcome.program.name)
+    for message, names in failed.items():
+        lines += ["", f"BACKEND FAILURE (SandboxError) on {len(names)} programs: {message}"]
+        lines.append(f"  programs: {', '.join(names)}")
+    lines += ["", _verdict(report)]
+    return "\n".join(lines)
+
+
+def _verdict(report: Report) -> str:
+    counts = {
+        verdict: sum(o.verdict == verdict for o in report.outcomes)
+        for verdict in (AGREED, KNOWN_LIMIT, DIVERGED, BACKEND_FAILURE, SKIPPED)
+    }
+    ran = len(report.outcomes) - counts[SKIPPED]
+    text = ""
+    if report.interrupted:
+        text = f"interrupted (Ctrl-C) with {ran} of {report.planned} programs checked: "
+    text += (
+        f"{counts[AGREED]} of {ran} programs agree with CPython under Sandbox Fusion; "
+        f"{counts[KNOWN_LIMIT]} differ as documented known limits; "
+        f"{counts[DIVERGED]} differ otherwise (undocumented divergences)"
+    )
+    if counts[BACKEND_FAILURE]:
+        text += f"; {counts[BACKEND_FAILURE]} failed in the backend (SandboxError)"
+    if counts[SKIPPED]:
+        text += f"; {counts[SKIPPED]} skipped"
+    failed = [check.name for check in report.checks if check.status == "fail"]
+    if failed:
+        text += f"; the {', '.join(failed)} check failed (see above)"
+    text += f" ({report.seconds:.1f} s)"
+    if report.interrupted:
+        return f"{text}\n{AGAIN}"
+    if report.ok:
+        return text + "\nok: this node grades as Sandbox Fusion does, within the known limits"
+    return (
+        text + "\nFAILED: see each divergence above; `verl-hyperlight selftest --json` writes the "
+        "whole report for a bug report"
+    )
+
+
+def _describe(outcome: Outcome, recorded_python: str) -> list[str]:
+    program = outcome.program
+    title = outcome.verdict.upper()
+    lines = [f"{title}: {program.name} ({program.family})"]
+    if outcome.note:
+        label = "README, Known limits" if outcome.verdict == KNOWN_LIMIT else "why"
+        lines.append(f"  {label}: {outcome.note}")
+    lines.append(f"  program (run_timeout {program.run_timeout:g} s):")
+    lines += [f"    | {line}" for line in program.code.splitlines()]
+    if program.stdin is not None:
+        lines.append(f"  stdin: {_shown(program.stdin)}")
+    for index, (want, got) in enumerate(zip(outcome.expected, outcome.ours, strict=False)):
+        run = f" (run {index + 1})" if program.runs > 1 else ""
+        for name in outcome.fields:
+            lines.append(f"  {name}{run}:")
+            lines.append(f"    CPython {recorded_python}: {_shown(want.get(name))}")
+            lines.append(f"    this node:     {_shown(got.get(name))}")
+    agreeing = [name for name in (outcome.expected or [{}])[0] if name not in outcome.fields]
+    if outcome.ours and agreeing:
+        lines.append(f"  the same on both: {', '.join(agreeing)}")
+    return lines
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    if len(text) <= SHOWN_CHARACTERS:
+        return text
+    return f"{text[:SHOWN_CHARACTERS]}... ({len(text) - SHOWN_CHARACTERS} more characters)"
+
+
+def as_json(report: Report) -> dict[str, object]:
+    """The whole report, for a bug report: every program with its code, stdin and both
+    answers."""
+    return {
+        "ok": report.ok,
+        "url": report.url,
+        "recorded_python": report.recorded_python,
+        "guest": asdict(report.guest) if report.guest else None,
+        "checks": [asdict(check) for check in report.checks],
+        "broken": report.broken,
+        "interrupted": report.interrupted,
+        "planned": report.planned,
+        "seconds": round(report.seconds, 3),
+        "outcomes": [
+            {
+                "program": o.program.name,
+                "family": o.program.family,
+                "verdict": o.verdict,
+                "fields": o.fields,
+                "note": o.note,
+                "code": o.program.code,
+                "stdin": o.program.stdin,
+                "run_timeout": o.program.run_timeout,
+                "expected": o.expected,
+                "ours": o.ours,
+            }
+            for o in report.outcomes
+        ],
+    }

@@ -1,0 +1,441 @@
+"""Backend failures diagnosed: what a run that did not end by the solution's doing stands
+for, what the host lacks when a case cannot be run at all, and what an operator can do about
+either. The one place that names, in a failure's message, the settings and commands of verl
+and of this package that fix it: the caller says what happened, this module what it means.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import BackendError
+from .outcome import Ending, RawOutcome
+from .settings import CASE_DIR, SPAWN, STARTUP_TIMEOUT, WARM_UP_TIMEOUT
+
+INSTALL_COMMAND = (
+    "curl -fsSL https://raw.githubusercontent.com/hyperlight-dev/hyperlight-unikraft/main/"
+    "install.sh | sh"
+)
+INSTALL_HINT = f"install it ({INSTALL_COMMAND}) or set HLUK_PATH"
+PYTEST_EXTRA = "verl-hyperlight[pytest]"
+
+# What a start (or a case directory) failed for when the worker or the node is short of what
+# comes free again: that case fails, later ones run.
+OUT_OF_DESCRIPTORS = frozenset((errno.EMFILE, errno.ENFILE))
+OUT_OF_PROCESSES = frozenset((errno.EAGAIN, errno.ENOMEM))
+
+# hluk's: found, started, recent enough; its runs, the spawner that starts it, its warm-ups.
+
+
+def not_on_path() -> BackendError:
+    """No HLUK_PATH, and no hluk on PATH."""
+    return BackendError(f"hluk was not found on PATH: {INSTALL_HINT}", "hluk-missing")
+
+
+def cannot_start(path: str, why: str, number: int = 0) -> BackendError:
+    """Why hluk could not start (`why`, of errno `number`, 0 when it has none), looked into
+    only when it could not."""
+    if number in OUT_OF_DESCRIPTORS:
+        return out_of_descriptors(f"hluk at {path} could not start", why)
+    if number in OUT_OF_PROCESSES:
+        return BackendError(
+            f"hluk at {path} could not start: the node is short of memory or of processes "
+            f"({why}): lower max_concurrent or reward.num_workers, or raise the pids.max of the "
+            "workers' container; this case is answered SandboxError, later cases run once some "
+            "are free",
+            "out-of-processes",
+            persistent=False,
+        )
+    if not os.path.exists(path):
+        return BackendError(f"hluk was not found at {path}: {INSTALL_HINT}", "hluk-missing")
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        return BackendError(
+            f"hluk at {path} is not executable: chmod +x it, or point HLUK_PATH at hluk itself",
+            "hluk-not-executable",
+        )
+    return BackendError(f"hluk at {path} could not start: {why}", "hluk-broken")
+
+
+def out_of_descriptors(what: str, why: str) -> BackendError:
+    """`what` happened for want of a free file descriptor (`why`: EMFILE, this worker's
+    limit, or ENFILE, the node's)."""
+    return BackendError(
+        f"{what}: no file descriptor is free ({why}); a case holds three while it runs (a "
+        "notebook four): raise the worker's soft limit (ulimit -n, or LimitNOFILE= of its "
+        "service; `verl-hyperlight serve` raises its own to the hard limit) or lower "
+        "max_concurrent; this case is answered SandboxError, later cases run once descriptors "
+        "are free",
+        "out-of-descriptors",
+        persistent=False,
+    )
+
+
+def version_unanswered(path: str, seconds: float) -> BackendError:
+    """`hluk --version` ran past `seconds`."""
+    return BackendError(
+        f"hluk at {path} did not answer --version within {seconds:.0f} s", "hluk-broken"
+    )
+
+
+def version_failed(path: str, said: str) -> BackendError:
+    """`hluk --version` failed, or printed no version: `said` is what it said."""
+    return BackendError(f"hluk at {path} failed on --version: {said.strip()[:500]}", "hluk-broken")
+
+
+def too_old(path: str, written: str, prerelease: bool, minimum: Sequence[int]) -> BackendError:
+    """hluk's version, as `written`, is older than `minimum` (or a pre-release of it)."""
+    kind = "a pre-release" if prerelease else "version"
+    needed = ".".join(map(str, minimum))
+    return BackendError(
+        f"hluk at {path} is {kind} {written}; verl-hyperlight needs {needed} or later: "
+        "upgrade it by running its installer again",
+        "hluk-too-old",
+    )
+
+
+def failure(outcome: RawOutcome, path: str) -> BackendError:
+    """The backend failure a run that did not end by the solution's doing stands for."""
+    where = "while the solution ran" if outcome.started else "before the solution started"
+    if outcome.ending is Ending.STARTUP_TIMEOUT:
+        return BackendError(
+            f"the micro-VM did not start within {outcome.limit:.0f} s "
+            f"({STARTUP_TIMEOUT.name}); the node may be overloaded: lower "
+            "max_concurrent or reward.num_workers",
+            "startup-timeout",
+            persistent=False,
+        )
+    if outcome.ending is Ending.SPAWNER_DIED:
+        return BackendError(
+            f"the spawner of hluk processes died {where}, and its hluk with it: check `dmesg` "
+            "for the OOM killer or for who killed it (the next case starts another spawner; "
+            f"{SPAWN.name}=setpriv starts hluk without one)",
+            "spawner-died",
+            persistent=False,
+        )
+    if outcome.ending is Ending.KILLED:
+        assert outcome.hluk_status is not None
+        number = -outcome.hluk_status
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return BackendError(
+            f"hluk at {path} was killed by {name} ({number}) {where}: a SIGBUS or SIGSEGV "
+            "often means a truncated or corrupt warm snapshot (run `hluk cache clean "
+            "--snapshots`, then `verl-hyperlight warm-up`); a SIGKILL, the kernel's OOM killer "
+            "(check `dmesg`; lower max_concurrent or memory_limit_mb)",
+            f"killed-{name}",
+            persistent=False,
+        )
+    if outcome.ending is Ending.SHORT_OUTPUT:
+        return BackendError(
+            f"the micro-VM's report of the solution's output came short ({_shortfalls(outcome)}):"
+            " hluk's console lost part of it, so the output cannot be trusted; this case is "
+            "answered SandboxError, later cases run; if it recurs, run `verl-hyperlight "
+            "selftest` and report it to hyperlight-unikraft with hluk's version",
+            "short-output",
+            persistent=False,
+        )
+    if outcome.ending is Ending.COPY_OUT_TIMEOUT:
+        assert outcome.end is not None
+        return BackendError(
+            f"the micro-VM did not copy the solution's output ({outcome.end.copied} bytes) "
+            f"out within {outcome.limit:.0f} s after it ended; the node may be overloaded: "
+            "lower max_concurrent or reward.num_workers",
+            "copy-out-timeout",
+            persistent=False,
+        )
+    # hluk's own message decides; before the start, what its driver printed may say more.
+    message = outcome.hluk_error
+    if not message and not outcome.started:
+        message = outcome.preamble.decode(errors="replace")
+    return classify(message, outcome.hluk_status, path, persistent=not outcome.started)
+
+
+def _shortfalls(outcome: RawOutcome) -> str:
+    """What each output that came short of its announced size held."""
+    assert outcome.end is not None
+    came = {"stdout": len(outcome.stdout), "stderr": len(outcome.stderr)}
+    announced = dict(zip(came, outcome.end.sizes, strict=True))
+    for index, size in enumerate(outcome.end.files):
+        if size >= 0:
+            name = f"fetch_files[{index}]"
+            came[name], announced[name] = len(outcome.fetched.get(index, b"")), size
+    return ", ".join(
+        f"{name}: {came[name]} of {size} bytes"
+        for name, size in announced.items()
+        if came[name] < size
+    )
+
+
+def classify(message: str, status: int | None, path: str, persistent: bool) -> BackendError:
+    """The backend failure hluk's message describes, with what an operator can do about it."""
+    message = message.strip()
+    lowered = message.lower()
+    if "kvm" in lowered:
+        return BackendError(
+            f"hluk cannot use /dev/kvm ({message[:300]}): run the reward workers where KVM is "
+            "available and add their user to the kvm group (usermod -aG kvm $USER, then log in "
+            "again)",
+            "kvm",
+        )
+    if "read-only file system" in lowered:
+        return BackendError(
+            f"hluk cannot write its cache ({message[:300]}): a cache mounted read-only serves "
+            "only the guests whose warm snapshots it holds; run `verl-hyperlight warm-up` with "
+            "each sandbox URL and --memory-limit-mb the cases use where it is writable, or point "
+            "HLUK_CACHE_DIR at a writable directory",
+            "cache-read-only",
+        )
+    if "no runtime image called" in lowered or "manifest unknown" in lowered:
+        return BackendError(
+            f"hluk does not know the image ({message[:300]}): check the sandbox URL; "
+            "hyperlight:// and hyperlight://agent name the published images",
+            "unknown-image",
+        )
+    if "pull" in lowered or "registry" in lowered:
+        return BackendError(
+            f"hluk could not pull the image ({message[:300]}): check that this node reaches the "
+            "image registry, or pull once by hand with `verl-hyperlight warm-up`",
+            "image-pull",
+        )
+    if "snapshot" in lowered:
+        return BackendError(
+            f"hluk could not take or restore a snapshot ({message[:300]}): check free space "
+            "and permissions in hluk's cache (HLUK_CACHE_DIR, else ~/.cache/hluk)",
+            "snapshot",
+        )
+    # What is left is hluk itself failing (a crash, an unexpected message): say where to look.
+    return BackendError(
+        f"hluk at {path} failed (status {status}): {message[:500] or 'no message'}; check that "
+        "`verl-hyperlight warm-up` succeeds on this node, upgrade hluk if it keeps failing, and "
+        "report the message to hyperlight-unikraft",
+        "hluk-failed",
+        persistent=persistent,
+    )
+
+
+def spawner_died(pid: int, status: int) -> str:
+    """What is said when the spawner (`pid`) died with `status`, and its hluk with it."""
+    return (
+        f"the spawner of hluk processes (pid {pid}) died (status {status}); the hluk it had "
+        "started were killed with it: their cases are answered SandboxError, those whose "
+        "solution had not started are retried, and the next case starts another spawner. Check "
+        f"`dmesg` for the OOM killer or who killed it; {SPAWN.name}=setpriv starts hluk without "
+        "spawners"
+    )
+
+
+def warm_up_stalled(label: str, seconds: float) -> BackendError:
+    """A warm-up of `label` in which hluk wrote nothing for `seconds`, outside a pull."""
+    return BackendError(
+        f"hluk wrote nothing for {seconds:.0f} s while warming up {label}, before its guest "
+        "started and outside an image pull: it is hung (a boot slower than that needs a larger "
+        f"{STARTUP_TIMEOUT.name}); run `verl-hyperlight warm-up` to see what hluk says, and "
+        "check the node's load",
+        "warm-up-stalled",
+        persistent=False,
+    )
+
+
+def warm_up_timeout(label: str, seconds: float) -> BackendError:
+    """A warm-up of `label` that made progress, but ran past its deadline of `seconds`."""
+    return BackendError(
+        f"warming up {label} took more than {seconds:.0f} s ({WARM_UP_TIMEOUT.name}): check the "
+        "node's network to the image registry and hluk's cache",
+        "warm-up-timeout",
+    )
+
+
+def spawner_unanswered(pid: int, seconds: float) -> str:
+    """What is said when the spawner (`pid`) did not answer a case's stop within `seconds`."""
+    return (
+        f"the spawner of hluk processes (pid {pid}) did not say within {seconds:.0f} s that it "
+        "had killed and reaped a case's hluk: the case killed hluk's process group itself and "
+        "was answered. The spawner is stopped (SIGSTOP, a debugger, a frozen cgroup) or "
+        f"starved of CPU: check `ps -o stat= -p {pid}` (T: stopped) and the node's load"
+    )
+
+
+# The host's own: the directories a case's files and hluk's cache need, and pytest.
+
+
+def cache_unusable(directory: Path, exc: OSError) -> BackendError:
+    """hluk's cache `directory` cannot hold the warm-up's lock: `exc`."""
+    return BackendError(
+        f"hluk's cache directory {directory} is not usable ({exc}): point HLUK_CACHE_DIR "
+        "at a writable directory with a few GiB free",
+        "cache-dir",
+    )
+
+
+def case_directory_unusable(
+    root: str, exc: OSError, size: int, *, full: bool, chosen: bool
+) -> BackendError:
+    """No case directory for `size` bytes can be made or written in `root` (`full`: for want
+    of space); `chosen`: `root` is the operator's CASE_DIR, else the fallback TMPDIR."""
+    if exc.errno in OUT_OF_DESCRIPTORS:
+        return out_of_descriptors(f"a case directory could not be made in {root}", str(exc))
+    where = CASE_DIR.name if chosen else f"{CASE_DIR.name} (else TMPDIR)"
+    if full:
+        return BackendError(
+            f"no room for a case's files ({size:,} bytes) in {root} ({exc.strerror}): "
+            f"free space there, or point {where} at a directory with room for max_concurrent "
+            "cases' stdin and files",
+            "case-directory-full",
+        )
+    return BackendError(
+        f"cannot make a case directory in {root} ({exc.strerror}): point {where} at a "
+        "writable directory",
+        "case-directory",
+    )
+
+
+def tmpfs_passed_over(why: str, elsewhere: str) -> str:
+    """What is said when cases leave the tmpfs for the temporary directory `elsewhere`, for
+    the reason `why`."""
+    fix = off_tmpfs_fix(elsewhere)
+    return f"{why}: case directories go to {elsewhere} instead. {fix[0].upper()}{fix[1:]}"
+
+
+def off_tmpfs_fix(elsewhere: str) -> str:
+    """What brings case directories back from the temporary directory `elsewhere` to the
+    tmpfs, or keeps them there on purpose."""
+    return (
+        f"give the tmpfs room for max_concurrent cases' stdin and files, or set {CASE_DIR.name} "
+        f"to the directory case directories should go to ({CASE_DIR.name}={elsewhere} keeps "
+        "them there and silences this)"
+    )
+
+
+def no_cleaner(exc: OSError, tmpfs: str, elsewhere: str) -> str:
+    """What is said when the cleaner of case directories cannot start (`exc`)."""
+    return (
+        f"cannot start the cleaner of case directories ({exc}): a reward worker that is killed "
+        f"mid-case leaves them behind (in {CASE_DIR.name}, {tmpfs} or {elsewhere})"
+    )
+
+
+def pytest_missing(what: str) -> str:
+    """Why a `language: "pytest"` case cannot run: `what` of pytest this node lacks."""
+    return (
+        f"language 'pytest' needs pytest on this node ({what}): pip install '{PYTEST_EXTRA}' "
+        "where verl-hyperlight runs"
+    )
+
+
+def pytest_library_unmountable(target: str) -> BackendError:
+    """pytest's copy for the guest would be at `target`, which hluk cannot mount."""
+    return BackendError(
+        f"cannot give pytest to the guest from {target}: hluk's mounts cannot name a path "
+        "holding ':'; point HLUK_CACHE_DIR elsewhere",
+        "pytest-library",
+    )
+
+
+def pytest_library_unwritable(
+    target: str, exc: OSError, *, full: bool, retry_seconds: float
+) -> BackendError:
+    """pytest cannot be copied for the guest into `target`: `exc` (`full`: for want of space).
+    pytest cases are answered so for `retry_seconds`, then the copy is tried again."""
+    if full:
+        fix = (
+            "free space there (the copy takes about 8 MB), or point HLUK_CACHE_DIR at a "
+            "directory with room"
+        )
+    else:
+        fix = (
+            "point HLUK_CACHE_DIR at a writable directory (a cache mounted read-only needs "
+            "the copy made beforehand, by a pytest case run where it is writable)"
+        )
+    return BackendError(
+        f"cannot copy pytest for the guest into {target} ({exc.strerror or exc}): {fix}; "
+        f"pytest cases are answered so at once until the copy is tried again, "
+        f"{retry_seconds:.0f} s later",
+        "pytest-library",
+    )
+
+
+# The code tool's bounds, said when a call is answered without running.
+
+
+def tool_busy(num_workers: int, max_queue: int) -> str:
+    """What is said when the code tool had `num_workers` calls running, `max_queue` waiting."""
+    return (
+        f"the code tool had {num_workers} calls running and {max_queue} waiting, and answered "
+        "a call at once without running it: raise num_workers or max_queue, or give the node "
+        "more CPUs"
+    )
+
+
+def notebooks_full(max_sessions: int) -> str:
+    """What is said when the code tool had `max_sessions` notebooks up, each owned by a call."""
+    return (
+        f"the code tool had {max_sessions} notebook sessions up, each with a call running or "
+        "waiting, and answered a call at once without running it: raise max_sessions if the "
+        "node's memory allows (each holds its micro-VM's memory), or lower max_queue"
+    )
+
+
+# Cases across a Ray cluster (hyperlight://?ray).
+
+RAY_EXTRA = "verl-hyperlight[ray]"
+
+
+def ray_missing(why: str) -> BackendError:
+    """A ?ray URL in a process that cannot import Ray."""
+    return BackendError(
+        f"the sandbox URL asks for Ray (?ray) and Ray cannot be imported here ({why}): "
+        f"pip install '{RAY_EXTRA}' in the reward workers' environment, or drop ?ray to run "
+        "cases on this node",
+        "ray-missing",
+    )
+
+
+def ray_unreachable(why: str) -> BackendError:
+    """Ray not initialised in this process, and no cluster to connect to."""
+    return BackendError(
+        f"the sandbox URL asks for Ray (?ray) and no Ray cluster can be reached ({why}): run "
+        "the reward workers inside the cluster (verl initialises Ray in them), set RAY_ADDRESS "
+        "to the cluster's address, or start one with `ray start --head`",
+        "ray-unreachable",
+    )
+
+
+def ray_resource_offered_by_none(resource: str, seconds: float) -> BackendError:
+    """No alive node of the cluster offers the resource the URL names."""
+    return BackendError(
+        f"no alive node of the Ray cluster offers the resource {resource!r} (waited "
+        f"{seconds:.0f} s, {STARTUP_TIMEOUT.name}): start the nodes that have /dev/kvm and hluk "
+        f"with `ray start --address=HEAD:6379 --resources='{{\"{resource}\": N}}'`, N being "
+        "the micro-VMs each runs at once (KubeRay: rayStartParams resources of their worker "
+        f"group), or name the resource they offer with ?ray=NAME; cases fail at once while "
+        "none does, and run again as soon as a node offers it",
+        f"ray-no-{resource}",
+    )
+
+
+def ray_node_lost(error: BaseException) -> BackendError:
+    """A case's node (or its Ray worker) died after its case had started."""
+    return BackendError(
+        f"the Ray node running this case died, or its worker was killed, after the case had "
+        f"started ({type(error).__name__}: {str(error).strip().splitlines()[0][:300]}); "
+        "cases that had not started run on another node; see `ray status` for the node",
+        "ray-node-lost",
+        persistent=False,
+    )
+
+
+def ray_failed(error: BaseException) -> BackendError:
+    """Ray failed a case for a reason other than its node's death."""
+    return BackendError(
+        f"Ray failed this case ({type(error).__name__}: "
+        f"{str(error).strip().splitlines()[0][:300] if str(error).strip() else ''}); "
+        "see the Ray dashboard or `ray status`",
+        f"ray-{type(error).__name__}",
+        persistent=False,
+    )

@@ -1,0 +1,583 @@
+"""How to run it: one hluk process, owned for its whole life.
+
+hluk runs in a process group of its own that is killed whole on a timeout, and it dies with the
+reward worker, however the worker dies (``spawn`` starts it), so a reward worker that is
+killed takes its micro-VMs with it. It gets the environment it needs and nothing else of the
+worker's. Its console (the guest's merged stdout and stderr) is read as it arrives and scanned
+for the runner's frames (``guest/protocol.py``; ``console`` decodes them), decoding the
+output as it comes, so a case holds its output once; its stderr carries hluk's own messages,
+of which the end is kept. How the run ended is decided once, in ``_decide``, from what hluk and
+the runner said; whose that ending is, in ``outcome``; what a backend failure means and how to
+fix it, in ``diagnosis``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import secrets
+import select
+import shutil
+import threading
+import time
+
+from .. import diagnosis, settings
+from ..guest import protocol
+from ..outcome import GUEST_EXIT, Ending, RawOutcome
+from . import spawn
+from .console import READ_SIZE, Console
+
+MINIMUM_VERSION = (0, 19, 0)
+# The console carries both streams base64-encoded, with framing; beyond this the guest is
+# misbehaving (writing to the console around the runner) and is stopped.
+CONSOLE_LIMIT = 2 * (protocol.OUTPUT_LIMIT * 4 // 3) + (1 << 20)
+# Of hluk's stderr, the end is kept: its decisive `error:` line comes last.
+HLUK_STDERR_LIMIT = 64 * 1024
+# Copying the output out after the solution ended has a budget of its own, never run_timeout:
+# this long, and a second more per MiB announced (at most 58 s for two full streams and the
+# fetched files' 16 MiB).
+COPY_OUT_SECONDS = 10.0
+COPY_OUT_BYTES_PER_SECOND = 1024 * 1024
+# After the runner's report hluk only has to tear the VM down.
+EXIT_GRACE_SECONDS = 10.0
+# Once hluk has exited, what is left in its pipes is read for this long; a descendant that
+# kept them open (a wrapper that did not exec) is not waited for.
+DRAIN_SECONDS = 1.0
+# Once its pipes have ended, how long hluk's exit is waited for before it is killed.
+EXIT_NOTICE_SECONDS = 0.1
+# How often a case's `cancel` is looked at.
+CANCEL_POLL_SECONDS = 0.2
+VERSION_TIMEOUT_SECONDS = 30.0
+# What hluk reads of its environment (hyperlight-unikraft's source): its cache directory
+# (HLUK_CACHE_DIR, else XDG_CACHE_HOME, else HOME), its documented settings, RUST_LOG with
+# --log-level, and, through its HTTP client and log formatter, the proxy settings and
+# NO_COLOR. Nothing else of the worker's environment (tokens, keys) reaches it.
+HLUK_SETTINGS = ("HLUK_CACHE_DIR", "HLUK_REGISTRY", "HLUK_IMAGE_VERSION", "HLUK_PROFILE")
+PASSED_ENVIRONMENT = (
+    "PATH", "HOME", "XDG_CACHE_HOME", *HLUK_SETTINGS, "RUST_LOG", "NO_COLOR",
+    "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
+    "NO_PROXY", "no_proxy",
+)  # fmt: skip
+# Path-valued: made absolute, as hluk runs in the case directory's parent.
+PATH_VARIABLES = ("HOME", "XDG_CACHE_HOME", "HLUK_CACHE_DIR")
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?")
+# What hluk logs of the snapshot at --log-level info: restored from it, or taken.
+_RESTORED = re.compile(r"\brestored=(true|false)\b")
+# hluk's last line when the guest kernel aborts (hyperlight's GuestAborted, which hluk prints
+# as `error: Guest aborted: <code> <message>` and exits 1).
+_GUEST_ABORTED = "error: Guest aborted:"
+
+
+def hluk_path() -> str:
+    """The hluk to run: HLUK_PATH, else the one on PATH (absolute either way)."""
+    chosen = settings.HLUK_PATH.value()
+    if chosen is not None:
+        return os.path.abspath(chosen)
+    found = shutil.which("hluk")
+    if found is None:
+        raise diagnosis.not_on_path()
+    return os.path.abspath(found)
+
+
+def environment() -> dict[str, str]:
+    """The environment hluk runs with: what it reads, and what the operator adds."""
+    added = settings.HLUK_ENV.value()
+    passed = settings.variables(PASSED_ENVIRONMENT + added.names, added.prefixes)
+    for name in PATH_VARIABLES:  # relative to the working directory of now
+        if passed.get(name):
+            passed[name] = os.path.abspath(passed[name])
+    return passed
+
+
+def run_to_exit(argv: list[str], timeout: float) -> RawOutcome:
+    """Run hluk for something other than a case (--version): until it exits, or `timeout`
+    (ending STARTUP_TIMEOUT). What it printed on its console is in ``preamble``."""
+    # A nonce no output contains: the run is never "started", so `timeout` bounds all of it.
+    return run(argv, secrets.token_hex(16), math.inf, timeout)
+
+
+def parse_version(text: str) -> tuple[tuple[int, ...], str] | None:
+    """hluk's version in `text`, as a key that orders it (a pre-release sorts before its
+    release, as semantic versioning orders them) and as written."""
+    match = _VERSION.search(text)
+    if match is None:
+        return None
+    release = tuple(int(part) for part in match.groups()[:3])
+    return (*release, 0 if match.group(4) else 1), match.group(0)
+
+
+def check_version(path: str) -> str:
+    """Run `hluk --version` and refuse a hluk older than 0.19.0; returns the version."""
+    done = run_to_exit([path, "--version"], VERSION_TIMEOUT_SECONDS)
+    if done.ending is Ending.STARTUP_TIMEOUT:
+        raise diagnosis.version_unanswered(path, VERSION_TIMEOUT_SECONDS)
+    if done.ending is Ending.KILLED:
+        raise diagnosis.failure(done, path)
+    text = done.preamble.decode(errors="replace").strip()
+    version = parse_version(text)
+    if done.hluk_status != 0 or version is None:
+        raise diagnosis.version_failed(path, done.hluk_error or text)
+    key, written = version
+    if key < (*MINIMUM_VERSION, 1):
+        raise diagnosis.too_old(path, written, key[3] == 0, MINIMUM_VERSION)
+    return written
+
+
+class _Tail:
+    """The last `limit` bytes written to a pipe."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > 2 * self.limit:
+            del self.data[: -self.limit]
+
+    def text(self) -> str:
+        return _ANSI.sub("", bytes(self.data[-self.limit :]).decode(errors="replace"))
+
+    def pulling(self) -> bool:
+        """Whether hluk announced an image pull it has not said the end of. Off a terminal it
+        writes `pulling IMAGE...` as the pull begins, then nothing until `pulled IMAGE ...`
+        (hyperlight-unikraft's src/cli/rootfs.rs): a pull is silent while it progresses."""
+        return _line_at(self.data, b"pulling ") > _line_at(self.data, b"pulled ")
+
+
+def _line_at(data: bytearray, start: bytes) -> int:
+    """Where the last line of `data` beginning with `start` begins (-1: none does)."""
+    found = data.rfind(b"\n" + start)
+    if found >= 0:
+        return found + 1
+    return 0 if data.startswith(start) else -1
+
+
+def final_error(stderr: str) -> str:
+    """hluk's decisive message: its last `error:` line (hluk writes it last), else a panic."""
+    if stderr.startswith("error: "):
+        return stderr.strip()
+    index = stderr.rfind("\nerror: ")
+    if index >= 0:
+        return stderr[index + 1 :].strip()
+    index = stderr.find("panicked at")
+    if index >= 0:
+        return stderr[stderr.rfind("\n", 0, index) + 1 :].strip()[:1000]
+    return ""
+
+
+def _spawn(argv: list[str], cwd: str | None, stdin: bool = False) -> spawn.Process:
+    """Start hluk (see ``spawn``): in a process group of its own, dying with this process."""
+    try:
+        return spawn.spawn(argv, cwd, environment(), stdin)
+    except OSError as exc:
+        raise diagnosis.cannot_start(argv[0], str(exc), exc.errno or 0) from None
+
+
+def _copy_out_budget(end: protocol.End) -> float:
+    return COPY_OUT_SECONDS + end.copied / COPY_OUT_BYTES_PER_SECOND
+
+
+def run(
+    argv: list[str],
+    nonce: str,
+    run_timeout: float,
+    startup_timeout: float,
+    cwd: str | None = None,
+    cancel: threading.Event | None = None,
+    stall_timeout: float | None = None,
+) -> RawOutcome:
+    """Run hluk with `argv` (in `cwd`) until the runner reports the case done, the solution
+    exceeds `run_timeout` (counted from its start in the guest to its end, never the copy-out),
+    nothing starts within `startup_timeout`, or `cancel` is set. With `stall_timeout`, hluk
+    must also show progress before the start: a run that writes nothing for that long, other
+    than during an image pull it announced, is stopped as not started in time."""
+    proc = _spawn(argv, cwd)
+    stderr = _Tail(HLUK_STDERR_LIMIT)
+    try:
+        watched = _watch(
+            proc, Console(nonce), stderr, run_timeout, startup_timeout, cancel, stall_timeout
+        )
+    finally:
+        # Whatever ended the watch, nothing of this group outlives the call.
+        status = proc.stop()
+    return watched.outcome(argv[0], status, stderr)
+
+
+class _Deadlines:
+    """How long a watch waits for hluk, and what passing that means. One deadline holds at a
+    time, the phase's: the start-up (`startup_timeout` from the watch's start), the solution's
+    run (`run_timeout` from its start frame), the copy-out of its output (its own budget, from
+    its end frame), each replacing the last; `limit` is its seconds. Once hluk is ending (its
+    report whole, its pipes ended, its exit seen), the deadline is cut to what that state still
+    needs. Before the start, with `stall_timeout`, hluk must also show progress: `stall_at`
+    runs from its last output, but not through an image pull it announced (silent while it
+    progresses)."""
+
+    # Made for every case, and read on each of its wake-ups.
+    __slots__ = (
+        "at", "ended_at", "last_output", "limit", "run_timeout", "spawned", "stall_at",
+        "stall_timeout", "started_at",
+    )  # fmt: skip
+
+    def __init__(
+        self, startup_timeout: float, run_timeout: float, stall_timeout: float | None
+    ) -> None:
+        self.spawned = time.monotonic()
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.run_timeout = run_timeout
+        self.stall_timeout = stall_timeout
+        self.last_output = self.spawned
+        self.limit = startup_timeout
+        self.at = self.spawned + startup_timeout
+        self.stall_at = math.inf if stall_timeout is None else self.spawned + stall_timeout
+
+    def overrun(self) -> Ending:
+        """The limit hluk passed, when the deadline passes while it runs on."""
+        if self.started_at is None:
+            return Ending.STARTUP_TIMEOUT
+        if self.ended_at is None:
+            return Ending.TIMED_OUT
+        return Ending.COPY_OUT_TIMEOUT
+
+    def follow(self, now: float, pipes: _Pipes, output: bool) -> None:
+        """Move the deadlines on with what hluk and the runner just said (`output`: anything)."""
+        console = pipes.console
+        if output:
+            self.last_output = now
+        if self.started_at is None and console.started:
+            self.started_at, self.limit = now, self.run_timeout
+            self.at = now + self.run_timeout
+        if self.ended_at is None and console.end is not None:
+            # The solution has ended: its clock stops, the copy-out has its own.
+            self.ended_at, self.limit = now, _copy_out_budget(console.end)
+            self.at = now + self.limit
+        if console.done:
+            self.at = min(self.at, now + EXIT_GRACE_SECONDS)
+        if pipes.exited:
+            self.at = min(self.at, now + DRAIN_SECONDS)
+        elif not pipes.reading:
+            # Its pipes have ended, so its exit is on its way: cheaper waited for than
+            # killed.
+            self.at = min(self.at, now + EXIT_NOTICE_SECONDS)
+        if (
+            self.stall_timeout is None
+            or self.started_at is not None
+            or not pipes.reading
+            or pipes.exited
+            or pipes.stderr.pulling()
+        ):
+            self.stall_at = math.inf
+        else:
+            self.stall_at = self.last_output + self.stall_timeout
+
+
+_NOTHING = memoryview(b"")
+
+
+class _Pipes:
+    """hluk's console and stderr, read as they come, and its exit, polled with them; and a
+    notebook call's request, written to hluk's stdin as it takes it (hluk reads its stdin as
+    the guest reads, 4 KiB at a time), so that no pipe needs to hold a request whole."""
+
+    # made per case
+    __slots__ = ("console", "exited", "poller", "proc", "reading", "stderr", "unwritten")
+
+    def __init__(
+        self, proc: spawn.Process, console: Console, stderr: _Tail, request: bytes = b""
+    ) -> None:
+        self.proc = proc
+        self.console = console
+        self.stderr = stderr
+        self.exited = False
+        # poll(2), not epoll: for three descriptors it needs no kernel object made, filled and
+        # closed per case; nor select(2), which fails past descriptor 1023.
+        self.poller = select.poll()
+        self.reading = {proc.stdout, proc.stderr}
+        for fd in self.reading:
+            self.poller.register(fd, select.POLLIN)
+        self.poller.register(proc.exit_fd, proc.exit_events)
+        self.unwritten = memoryview(request) if request else _NOTHING
+        if request:
+            assert proc.stdin is not None
+            self.poller.register(proc.stdin, select.POLLOUT)
+
+    def running(self) -> bool:
+        """Whether hluk runs on: its report not whole, its pipes open, its exit not seen."""
+        return bool(self.reading) and not (self.exited or self.console.done)
+
+    def read(self, wait: float) -> bool:
+        """Read what hluk writes within `wait` seconds, and see whether it exited; whether it
+        wrote anything."""
+        output = False
+        for fd, _ in self.poller.poll(math.ceil(min(wait, 86400.0) * 1000)):
+            if fd == self.proc.exit_fd:
+                if self.proc.exited():
+                    self.poller.unregister(fd)
+                    self.exited = True
+                continue
+            if fd == self.proc.stdin:
+                self._write(fd)
+                continue
+            if fd == self.proc.stdout:
+                ended = not self.console.read(fd)
+            elif chunk := os.read(fd, READ_SIZE):
+                self.stderr.add(chunk)
+                ended = False
+            else:
+                ended = True
+            if ended:
+                self.poller.unregister(fd)
+                self.reading.discard(fd)
+            else:
+                output = True
+        return output
+
+    def _write(self, fd: int) -> None:
+        """Write to hluk's stdin what its pipe takes of the request: nothing more once all is
+        written, or once the pipe has no reader (hluk's end then shows on its other pipes)."""
+        try:
+            self.unwritten = self.unwritten[os.write(fd, self.unwritten) :]
+        except BlockingIOError:
+            return
+        except OSError:
+            self.poller.unregister(fd)
+            return
+        if not self.unwritten:
+            self.poller.unregister(fd)
+
+
+class _Watched:
+    """One report watched for on a hluk's console: its clocks, why the watch stopped hluk
+    (`stopped`, None when it did not), whether hluk's exit was seen, and whether the request
+    (a notebook call's) was written whole."""
+
+    # made per case
+    __slots__ = ("console", "deadlines", "exited", "proc", "stopped", "written")
+
+    def __init__(self, pipes: _Pipes, deadlines: _Deadlines, stopped: Ending | None) -> None:
+        self.proc = pipes.proc
+        self.console = pipes.console
+        self.exited = pipes.exited
+        self.written = not pipes.unwritten
+        self.deadlines = deadlines
+        self.stopped = stopped
+
+    @property
+    def guest_waits(self) -> bool:
+        """Whether a notebook's guest waits for its next call: the report whole, hluk left
+        running, and the guest not ending."""
+        return (
+            self.console.whole
+            and self.written
+            and self.stopped is None
+            and not (self.console.last or self.exited)
+        )
+
+    def outcome(self, path: str, status: int | None, stderr: _Tail) -> RawOutcome:
+        """What the run produced; `status` hluk's exit status once it was stopped (None while
+        it runs on: a notebook's report is whole and its guest waits for the next call)."""
+        proc, console, stopped, deadlines = self.proc, self.console, self.stopped, self.deadlines
+        if proc.error:
+            raise diagnosis.cannot_start(path, proc.error, proc.error_number)
+        if proc.lost and stopped is None:
+            stopped = Ending.SPAWNER_DIED
+        finished = deadlines.ended_at if deadlines.ended_at is not None else time.monotonic()
+        hluk_stderr = stderr.text()
+        hluk_error = final_error(hluk_stderr)
+        hluk_status = None if stopped is not None else status
+        restored = _RESTORED.findall(hluk_stderr)
+        began = deadlines.started_at if deadlines.started_at is not None else deadlines.spawned
+        return RawOutcome(
+            ending=_decide(console, stopped, hluk_status, hluk_error),
+            started=console.started,
+            end=console.end,
+            stdout=console.stream("stdout"),
+            stderr=console.stream("stderr"),
+            fetched={index: output.view() for index, output in console.files.items()},
+            hluk_status=hluk_status,
+            hluk_error=hluk_error,
+            hluk_stderr=hluk_stderr,
+            preamble=console.preamble(),
+            refusal=console.refusal or "",
+            restored=restored[-1] == "true" if restored else None,
+            host_elapsed=finished - began,
+            limit=deadlines.limit,
+        )
+
+
+def _watch(
+    proc: spawn.Process,
+    console: Console,
+    stderr: _Tail,
+    run_timeout: float,
+    startup_timeout: float,
+    cancel: threading.Event | None = None,
+    stall_timeout: float | None = None,
+    until_done: bool = False,
+    request: bytes = b"",
+) -> _Watched:
+    """Read hluk's console and stderr until the runner's report on `console` is done (and, but
+    `until_done`, hluk has exited), or a limit or `cancel` stops it (see run), writing
+    `request` to hluk's stdin meanwhile. `until_done` leaves a notebook's hluk running once its
+    report is whole."""
+    deadlines = _Deadlines(startup_timeout, run_timeout, stall_timeout)
+    pipes = _Pipes(proc, console, stderr, request)
+    stopped = _read_until_over(pipes, deadlines, cancel, until_done)
+    return _Watched(pipes, deadlines, stopped)
+
+
+def _read_until_over(
+    pipes: _Pipes, deadlines: _Deadlines, cancel: threading.Event | None, until_done: bool
+) -> Ending | None:
+    """Read hluk's pipes until the watch is over; why it stops hluk, if it does."""
+    console = pipes.console
+    while pipes.reading or not pipes.exited:
+        now = time.monotonic()
+        if now >= deadlines.at:
+            # Once hluk is ending, its deadline only bounds how long its end is waited for.
+            return deadlines.overrun() if pipes.running() else None
+        if now >= deadlines.stall_at:
+            assert deadlines.stall_timeout is not None
+            deadlines.limit = deadlines.stall_timeout
+            return Ending.STARTUP_TIMEOUT
+        if cancel is not None and cancel.is_set():
+            return Ending.CANCELLED
+        wait = min(deadlines.at, deadlines.stall_at) - now
+        if cancel is not None:
+            wait = min(wait, CANCEL_POLL_SECONDS)
+        output = pipes.read(wait)
+        deadlines.follow(time.monotonic(), pipes, output)
+        if console.done and (until_done or not pipes.reading):
+            return None  # the whole report, and all hluk said: its exit adds nothing
+        if console.total > CONSOLE_LIMIT and not console.done:
+            return Ending.CONSOLE_LIMIT
+        if console.refusal is not None:
+            return None
+    return None
+
+
+class NotebookProcess:
+    """A hluk whose guest runs calls read from its stdin (``runner.notebook``), one after
+    another, each reported on the console as a case is. Its watch per call is a case's
+    (``_watch``), which writes the call's request to hluk's stdin as the guest reads it; it
+    stays up between calls, and is stopped by the first call that does not end with a whole
+    report and the guest still running.
+
+    Its calls are made by one thread at a time, its owner's; `stop` may come from any thread.
+    Its state (alive, stopped) changes under its lock, as CPython guards a Popen's wait
+    (``subprocess.Popen._waitpid_lock``): of two threads ending it, one kills and reaps it, and
+    the other returns once that is done, with the same status."""
+
+    # The largest request a call takes (protocol.request_lines: code of about 768 KiB). It is
+    # written as the guest reads it, through a pipe of one page.
+    capacity = 1024 * 1024
+
+    def __init__(self, argv: list[str]) -> None:
+        self.path = argv[0]
+        self.proc = _spawn(argv, None, stdin=True)
+        self.stderr = _Tail(HLUK_STDERR_LIMIT)
+        self._lock = threading.Lock()
+        self._alive = True
+        assert self.proc.stdin is not None
+        os.set_blocking(self.proc.stdin, False)
+
+    @property
+    def alive(self) -> bool:
+        """Whether it is up: not stopped yet."""
+        return self._alive
+
+    def ready(
+        self,
+        nonce: str,
+        startup_timeout: float,
+        cancel: threading.Event | None = None,
+        stall_timeout: float | None = None,
+    ) -> RawOutcome:
+        """Wait for the guest's report that it is ready (the notebook's nonce): finished when
+        it is, and the process is stopped when it is not."""
+        return self._watch(Console(nonce), math.inf, startup_timeout, cancel, stall_timeout)
+
+    def call(
+        self, nonce: str, request: bytes, run_timeout: float, cancel: threading.Event | None
+    ) -> RawOutcome:
+        """Hand the guest one request (protocol.request_lines, at most `capacity` bytes) and
+        watch for its report. A call whose code does not start within `run_timeout` (the guest
+        did not read it all: the notebook's earlier code keeps the guest busy) has timed out, as
+        one that runs past it."""
+        assert self.alive
+        outcome = self._watch(Console(nonce), run_timeout, run_timeout, cancel, None, request)
+        if outcome.ending is Ending.STARTUP_TIMEOUT:
+            outcome = dataclasses.replace(outcome, ending=Ending.TIMED_OUT, started=True)
+        return outcome
+
+    def _watch(
+        self,
+        console: Console,
+        run_timeout: float,
+        startup_timeout: float,
+        cancel: threading.Event | None,
+        stall_timeout: float | None,
+        request: bytes = b"",
+    ) -> RawOutcome:
+        try:
+            watched = _watch(
+                self.proc,
+                console,
+                self.stderr,
+                run_timeout,
+                startup_timeout,
+                cancel,
+                stall_timeout,
+                until_done=True,
+                request=request,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        if watched.guest_waits:
+            return watched.outcome(self.path, None, self.stderr)
+        return watched.outcome(self.path, self.stop(), self.stderr)
+
+    def stop(self) -> int | None:
+        """End it (once): nothing of its group outlives the call."""
+        with self._lock:
+            self._alive = False
+            return self.proc.stop()
+
+
+def _decide(
+    console: Console, stopped: Ending | None, hluk_status: int | None, error: str
+) -> Ending:
+    """How the run ended: the one place that decides it."""
+    if console.done:
+        # The runner's whole report, whatever hluk did after it; unless an output came short
+        # of what the end frame announced (the console lost part of it).
+        return Ending.FINISHED if console.whole else Ending.SHORT_OUTPUT
+    if console.refusal is not None:
+        return Ending.REFUSED
+    if stopped is Ending.CONSOLE_LIMIT and not console.started:
+        return Ending.NOT_STARTED  # a flood before the start is hluk's or its driver's
+    if stopped is not None:
+        return stopped
+    if hluk_status is not None and hluk_status < 0:
+        return Ending.KILLED
+    if not console.started:
+        return Ending.NOT_STARTED
+    # After the start only hluk's own stderr decides, never the console the solution wrote.
+    if GUEST_EXIT.match(error):
+        return Ending.GUEST_DIED
+    if error.startswith("error: the guest is deadlocked"):
+        return Ending.DEADLOCKED
+    if error.startswith(_GUEST_ABORTED):
+        return Ending.GUEST_ABORTED
+    if error:
+        return Ending.HLUK_FAILED
+    # hluk exits silently with the status of a failed call: the runner's call failed after
+    # the solution started, which only the solution can have caused.
+    return Ending.BROKEN

@@ -1,0 +1,144 @@
+"""The server's routes, each handler given the server's state: POST /run_code (admission, then
+the case), GET /v1/ping, /readyz and /metrics; and the table the router serves them from.
+
+POST /run_code takes a place before its body is read, holding the length its body declares
+(no place left, or no room for that length in the bodies' budget: HTTP 504 at once, its body
+unread, as uvicorn's limit_concurrency refuses); holding it, its body is read into one buffer
+(counted against the budget as it arrives when its length was not declared) and validated as
+the service validates it (`request`), off the event loop when large; it then takes a micro-VM
+(past its wait, HTTP 504 with Retry-After, which verl's client retries), runs, and is answered
+with run_code's response.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..case.response import sandbox_error
+from .middleware import ASGIApp, Receive, Scope, Send, answer_json, header, render_json
+from .request import Invalid
+from .routing import Reply, endpoint
+from .state import Place, Server
+
+RUN_CODE = "/run_code"
+RETRY_AFTER_SECONDS = 1
+PONG = Reply(200, render_json("pong"))
+METRICS_TYPE = CONTENT_TYPE_LATEST.encode("latin-1")
+
+
+def table(server: Server) -> dict[str, dict[str, ASGIApp]]:
+    """The routes by path, each one's handlers by method."""
+    routes: dict[str, dict[str, ASGIApp]] = {
+        "/v1/ping": {"GET": endpoint(ping)},
+        "/readyz": {"GET": endpoint(functools.partial(readyz, server))},
+        "/metrics": {"GET": endpoint(functools.partial(metrics, server))},
+        RUN_CODE: {"POST": functools.partial(run_code, server)},
+    }
+    return routes
+
+
+async def ping() -> Reply:
+    return PONG
+
+
+async def readyz(server: Server) -> Reply:
+    ready, reason = await server.readiness()
+    return Reply(200 if ready else 503, render_json({"ready": ready, "reason": reason}))
+
+
+async def metrics(server: Server) -> Reply:
+    return Reply(200, generate_latest(server.metrics.registry), METRICS_TYPE)
+
+
+class _OverBudget(Exception):
+    """Raised by `_read_body` when a body whose length was not declared outgrows the budget."""
+
+
+async def run_code(server: Server, scope: Scope, receive: Receive, send: Send) -> None:
+    """POST /run_code: a place before the body is read, past `max_concurrent` running and
+    `queue_limit` waiting none, and none past the bodies' budget; given back when the request
+    is done with it."""
+    length = header(scope, b"content-length")
+    # BodyLimit has refused a declared length past --max-body-mb, and uvicorn one not a number.
+    place = server.admit(int(length) if length is not None and length.isdigit() else 0)
+    if isinstance(place, str):
+        await _busy(server, scope, send, place)
+        return
+    try:
+        await _run_admitted(server, place, scope, receive, send)
+    except _OverBudget:
+        await _busy(server, scope, send, server.over_budget())
+    finally:
+        place.leave()
+
+
+async def _run_admitted(
+    server: Server, place: Place, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """POST /run_code, admitted: read, validate, take a micro-VM, run, answer."""
+    started = time.monotonic()
+    body = await _read_body(receive, place)
+    if body is None:
+        return  # gone before it was read: nothing to answer
+    request = await server.parse(body, header(scope, b"content-type"))
+    del body  # the request holds the content from here: one copy while it waits
+    if isinstance(request, Invalid):
+        await request.send(send)
+        return
+    refused = server.over_cap(request)
+    if refused is None:
+        busy = await place.take_slot(request.compile_timeout)
+        if busy is not None:
+            await _busy(server, scope, send, busy)
+            return
+        response, error, cancelled = await server.run(request, receive, place)
+    else:
+        response, error, cancelled = sandbox_error(refused), None, False
+    if response is None:
+        # Valid for the service, not runnable here (a memory limit below the image's):
+        # an outcome, answered as the service answers a failed run.
+        response = sandbox_error(error or "invalid request")
+    response["executor_pod_name"] = server.pod_name
+    case = "cancelled" if cancelled else response["status"]
+    scope["state"]["case"] = case
+    server.metrics.cases.labels(case).inc()
+    server.metrics.seconds.observe(time.monotonic() - started)
+    await answer_json(send, 200, response)
+
+
+async def _busy(server: Server, scope: Scope, send: Send, why: str) -> None:
+    scope["state"]["case"] = "rejected"
+    server.metrics.cases.labels("rejected").inc()
+    headers = [(b"retry-after", str(RETRY_AFTER_SECONDS).encode())]
+    await answer_json(send, 504, {"detail": f"verl-hyperlight is busy: {why}"}, headers)
+
+
+async def _read_body(receive: Receive, place: Place) -> bytes | bytearray | None:
+    """The request's body, or None if the client went away first. A body in one message is
+    kept as it came; one in several is read into one buffer, made at once of the length it
+    declared (which its place holds already), so that it is never held twice, as chunks and
+    joined. Bytes past the declared length are held as they arrive, and _OverBudget raised
+    when the budget has no room for them."""
+    buffer: bytearray | None = None
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        end = size + len(chunk)
+        if end > place.held and not place.hold(end - place.held):
+            raise _OverBudget
+        if buffer is None:
+            if not more:
+                return chunk
+            buffer = bytearray(place.held)
+        buffer[size:end] = chunk  # in place within the declared length, else appended
+        size = end
+        if not more:
+            del buffer[size:]  # shorter than declared, were a parser to let it be: what came
+            return buffer

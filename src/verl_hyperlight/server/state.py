@@ -1,0 +1,338 @@
+"""The server's state, one object (`Server`) passed to every route that needs it: its settings;
+admission, a `Place` for each /run_code request it holds (from before its body is read until it
+is answered, or until its case's thread has ended), the bytes of their bodies (within a budget)
+and the micro-VMs they take (a free one at once, else after a wait of at most `max_wait`
+seconds, never longer than the request's compile_timeout + 5 s); the cases in flight, each in a
+worker thread (a client that goes away or a handler that is cancelled cancels its case: its
+micro-VM killed, its case directory removed); readiness; and metrics. Stopping waits until
+every case has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..case import api, warmup
+from ..case.guests import guest_for
+from ..errors import BackendError, InvalidRequest
+from ..hluk import process as hluk
+from ..settings import POD_NAME
+from .metrics import Metrics
+from .middleware import Receive
+from .request import Invalid, RunCodeRequest, parse
+
+logger = logging.getLogger("verl_hyperlight.serve")
+
+# verl's client waits compile_timeout + run_timeout + 10 s for an answer: a request waits for a
+# micro-VM at most this much longer than its compile_timeout allows, so that its run still fits.
+WAIT_MARGIN_SECONDS = 5.0
+READINESS_WAIT_SECONDS = 2.0
+# Parsing a body takes 5 to 10 ms per MiB: past this size it is parsed in a thread, so the loop
+# answers /readyz and watches disconnects between the parse's steps (each step, such as one
+# long string's decode, still holds the interpreter while it runs).
+PARSE_ON_LOOP_BYTES = 64 * 1024
+# How long a stopping server waits for its cancelled cases' micro-VMs to be killed.
+STOP_SECONDS = 10.0
+MIB = 1024 * 1024
+# The share of the node's memory that the bodies of the requests held may take by default. A
+# body is held once, as the request it holds (its code, stdin and files), from its read until
+# its case has ended; its parse and its case's run each take about as much again for a while.
+BODIES_SHARE_OF_MEMORY = 1 / 16
+
+
+def _node_memory_mb() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // MIB
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the server runs; see `verl-hyperlight serve --help`."""
+
+    url: str = "hyperlight://"
+    max_concurrent: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
+    max_queue: int | None = None  # None: 8 x max_concurrent
+    max_wait: float = 5.0
+    max_body_bytes: int = 64 * MIB
+    max_bodies_bytes: int | None = None  # None: BODIES_SHARE_OF_MEMORY, at least one body
+    grace: float = 30.0
+    warm_up_memory_mb: int = 1024
+    max_memory_mb: int | None = None  # None: half the node's memory, at least warm_up_memory_mb
+    max_run_timeout: float = 300.0
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_wait", "grace"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+        if self.max_run_timeout <= 0 or self.memory_cap < self.warm_up_memory_mb:
+            raise ValueError("the caps must allow the warm-up's memory and a positive run")
+        if self.bodies_budget < self.max_body_bytes:
+            raise ValueError("the bodies' budget must hold one body of the largest size")
+
+    @property
+    def queue_limit(self) -> int:
+        return self.max_queue if self.max_queue is not None else 8 * self.max_concurrent
+
+    @property
+    def bodies_budget(self) -> int:
+        """The bytes of request bodies the server holds at most, in all."""
+        if self.max_bodies_bytes is not None:
+            return self.max_bodies_bytes
+        return max(int(_node_memory_mb() * BODIES_SHARE_OF_MEMORY) * MIB, self.max_body_bytes)
+
+    @property
+    def memory_cap(self) -> int:
+        if self.max_memory_mb is not None:
+            return self.max_memory_mb
+        return max(_node_memory_mb() // 2, self.warm_up_memory_mb)
+
+
+class Place:
+    """A /run_code request's place, from its arrival (before its body is read) until it is
+    answered, or, once its case runs, until the case's thread has ended (whatever became of
+    the handler): the place, the bytes of its body it holds (`held`) and the micro-VM once
+    taken are given back exactly once. Made by `Server.admit`."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.waiting = True
+        self.slot = False
+        self.running = False
+        self.held = 0
+        server.places += 1
+        server.metrics.queued.inc()
+
+    def hold(self, size: int) -> bool:
+        """Hold `size` bytes more of its body, if the budget has room for them."""
+        server = self.server
+        if server.held + size > server.bodies_budget:
+            return False
+        server.held += size
+        self.held += size
+        return True
+
+    def _stop_waiting(self) -> None:
+        if self.waiting:
+            self.waiting = False
+            self.server.metrics.queued.dec()
+
+    async def take_slot(self, compile_timeout: float) -> str | None:
+        """Take a micro-VM: a free one at once, else wait in order; why not, if turned away."""
+        slots = self.server.slots
+        try:
+            if not slots.locked():
+                await slots.acquire()  # free: taken without yielding, whatever the wait
+            else:
+                wait = min(self.server.settings.max_wait, compile_timeout + WAIT_MARGIN_SECONDS)
+                if not wait > 0:  # wait_for(…, 0) would cancel the acquire before it ran
+                    return f"no micro-VM was free within {max(wait, 0.0):g} s"
+                try:
+                    await asyncio.wait_for(slots.acquire(), wait)
+                except asyncio.TimeoutError:
+                    return f"no micro-VM was free within {wait:g} s"
+            self.slot = True
+            return None
+        finally:
+            self._stop_waiting()
+
+    def leave(self) -> None:
+        """The handler is done; a running case keeps the place until its thread ends."""
+        if not self.running:
+            self.release()
+
+    def release(self) -> None:
+        self._stop_waiting()
+        if self.slot:
+            self.slot = False
+            self.server.slots.release()
+        self.server.held -= self.held
+        self.held = 0
+        self.server.places -= 1
+
+
+class Server:
+    """The server's state: admission, the cases in flight, readiness and metrics."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.memory_cap = settings.memory_cap
+        self.metrics = Metrics()
+        self.slots = asyncio.Semaphore(settings.max_concurrent)
+        # Requests holding a place: being read, waiting for a micro-VM, or running.
+        self.places = 0
+        self.place_limit = settings.max_concurrent + settings.queue_limit
+        # The bytes of their bodies, held as they arrive, or from the arrival for the length
+        # a request declares.
+        self.held = 0
+        self.bodies_budget = settings.bodies_budget
+        self.metrics.held.set_function(lambda: self.held)  # read when scraped, not per request
+        self.executor = ThreadPoolExecutor(settings.max_concurrent, "verl-hyperlight-case")
+        self.parser = ThreadPoolExecutor(1, "verl-hyperlight-parse")
+        self.in_flight: set[threading.Event] = set()
+        self.ready = False
+        self.reason = "warming up"
+        self.check: asyncio.Future[None] | None = None
+        self.pod_name = POD_NAME.value()
+
+    # readiness
+
+    def _check_backend(self) -> None:
+        """See the guest warm (a probe when hluk's cache changed, else two stat calls)."""
+        try:
+            guest = guest_for(self.settings.url, self.settings.warm_up_memory_mb)
+            warmth = warmup.ensure_ready(hluk.hluk_path(), guest)
+        except (BackendError, InvalidRequest) as exc:
+            if self.ready or self.reason != str(exc):
+                logger.error("not ready: %s", exc)
+            self.ready, self.reason = False, str(exc)
+            return
+        if not self.ready:
+            how = "" if warmth is None else f" (probe took {warmth.seconds:.2f} s)"
+            logger.info("ready: %s is warm%s", guest.image.label, how)
+        self.ready, self.reason = True, "ready"
+
+    def start_check(self) -> asyncio.Future[None]:
+        """Check the backend in a daemon thread: a warm-up (a pull, a boot: up to 900 s) must
+        never hold the process when it exits."""
+        if self.check is None or self.check.done():
+            loop = asyncio.get_running_loop()
+            check: asyncio.Future[None] = loop.create_future()
+
+            def checked() -> None:
+                try:
+                    self._check_backend()
+                finally:
+                    with contextlib.suppress(RuntimeError):  # the loop has closed: exiting
+                        loop.call_soon_threadsafe(_settle, check)
+
+            threading.Thread(target=checked, name="verl-hyperlight-readiness", daemon=True).start()
+            self.check = check
+        return self.check
+
+    async def readiness(self) -> tuple[bool, str]:
+        check = self.start_check()
+        try:
+            await asyncio.wait_for(asyncio.shield(check), READINESS_WAIT_SECONDS)
+        except asyncio.TimeoutError:
+            pass  # the last known state, while a probe (a pull, a boot) goes on
+        return self.ready, self.reason
+
+    # a case
+
+    def admit(self, declared: int) -> Place | str:
+        """A place for a request that declares a body of `declared` bytes (0: it does not say),
+        holding them; why not, when the places are all taken or the bodies held leave too
+        little of the budget. Decided before the body is read: a request turned away is
+        answered at once, its body unread."""
+        if self.places >= self.place_limit:
+            return f"the queue is full ({self.settings.queue_limit} requests wait already)"
+        if self.held + declared > self.bodies_budget:
+            return self.over_budget()
+        place = Place(self)
+        place.hold(declared)
+        return place
+
+    def over_budget(self) -> str:
+        return (
+            f"the bodies of the requests it holds fill its {self.bodies_budget // MIB} MiB for "
+            "them (verl-hyperlight serve --max-bodies-mb)"
+        )
+
+    def over_cap(self, request: RunCodeRequest) -> str | None:
+        """Why this server will not run a request the service would take, if it will not."""
+        if request.memory_limit_MB > self.memory_cap:
+            return (
+                f"memory_limit_MB {request.memory_limit_MB} is over this server's cap of "
+                f"{self.memory_cap} MiB (verl-hyperlight serve --max-memory-mb)"
+            )
+        if request.run_timeout > self.settings.max_run_timeout:
+            return (
+                f"run_timeout {request.run_timeout:g} s is over this server's cap of "
+                f"{self.settings.max_run_timeout:g} s (verl-hyperlight serve --max-run-timeout)"
+            )
+        return None
+
+    async def parse(
+        self, body: bytes | bytearray, content_type: bytes | None
+    ) -> RunCodeRequest | Invalid:
+        if len(body) <= PARSE_ON_LOOP_BYTES:
+            return parse(body, content_type)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.parser, parse, body, content_type)
+
+    async def run(
+        self, request: RunCodeRequest, receive: Receive, place: Place
+    ) -> tuple[dict[str, Any] | None, str | None, bool]:
+        """Run the case in a worker thread; cancel it if the client goes away or the handler is
+        cancelled. run_code's answer, and whether the case was cancelled."""
+        cancel = threading.Event()
+        call = functools.partial(
+            api.run_code,
+            self.settings.url,
+            request.code,
+            request.stdin,
+            request.compile_timeout,
+            request.run_timeout,
+            None if request.memory_limit_MB <= 0 else request.memory_limit_MB,
+            request.language,
+            files=request.files,
+            fetch_files=request.fetch_files,
+            cancel=cancel,
+        )
+        case = asyncio.get_running_loop().run_in_executor(self.executor, call)
+        place.running = True
+        self.in_flight.add(cancel)
+        self.metrics.in_flight.inc()
+
+        def ended(_: object) -> None:
+            self.in_flight.discard(cancel)
+            self.metrics.in_flight.dec()
+            place.release()
+
+        case.add_done_callback(ended)
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, cancel))
+        try:
+            response, error = await asyncio.shield(case)
+        except asyncio.CancelledError:
+            cancel.set()  # the handler is gone (uvicorn past its shutdown timeout): so is its case
+            raise
+        finally:
+            watcher.cancel()
+        return response, error, cancel.is_set()
+
+    def cancel_all(self) -> None:
+        for cancel in list(self.in_flight):
+            cancel.set()
+
+    async def stop(self) -> None:
+        """The last step of stopping: cancel what still runs (its micro-VM killed, its case
+        directory removed) and wait until it has ended, cases whose handler was cancelled
+        included."""
+        self.cancel_all()
+        deadline = time.monotonic() + STOP_SECONDS
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.in_flight:
+            logger.error("stopping with %d cases still ending", len(self.in_flight))
+
+
+def _settle(check: asyncio.Future[None]) -> None:
+    if not check.done():
+        check.set_result(None)
+
+
+async def _cancel_on_disconnect(receive: Receive, cancel: threading.Event) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            cancel.set()
+            return

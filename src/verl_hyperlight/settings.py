@@ -1,0 +1,249 @@
+"""The package's settings: every environment variable it reads, declared once and read here.
+
+Each setting is a ``Setting`` (its name, its value when it is not set, how its text is read,
+and a line saying what it does); ``ALL`` lists them, for a reference table. A setting is read
+per use, so a change to the environment counts from the next case on. A value that cannot be
+used is said once per process (per name and value) at WARNING, and the default used. hluk's
+cache directory is found here too, as hluk finds it.
+
+Settings are read from os.environ itself, at every use: a process-wide audit hook could keep
+a cheaper copy, but it would cost every audit event of the worker (torch's and verl's
+included) a Python call, for some ten microseconds a case.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from .errors import CauseCounts
+
+logger = logging.getLogger("verl_hyperlight")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One environment variable: `read` turns its text into its value, raising ValueError
+    (saying what a usable text is) when it stands for none; `unset` says what applies when it
+    is not set (or not usable), as the reference table and the warning say it."""
+
+    name: str
+    default: T
+    unset: str
+    read: Callable[[str], T]
+    description: str
+
+    def value(self) -> T:
+        """Its value now: `default` when it is not set, or not usable (said once per value)."""
+        text = os.environ.get(self.name)
+        if text is None:
+            return self.default
+        try:
+            return self.read(text)
+        except ValueError as expected:
+            if _unusable.first(f"{self.name}={text!r}"):
+                logger.warning(
+                    "verl-hyperlight: %s=%r is not %s; using %s",
+                    self.name,
+                    text,
+                    expected,
+                    self.unset,
+                )
+            return self.default
+
+
+@dataclass(frozen=True)
+class Additions:
+    """Variables an operator adds to hluk's environment: by name, and by prefix."""
+
+    names: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if math.isfinite(seconds) and seconds > 0:
+        return seconds
+    raise ValueError("a positive number of seconds")
+
+
+def _seconds(name: str, default: float, description: str) -> Setting[float]:
+    return Setting(name, default, f"{default:g}", _positive_seconds, description)
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def read(text: str) -> str:
+        if not text:
+            return choices[0]
+        if text in choices:
+            return text
+        raise ValueError(f"one of {', '.join(choices)}")
+
+    return read
+
+
+def _text(text: str) -> str | None:
+    return text or None  # set but empty: as if not set
+
+
+def _verbatim(text: str) -> str | None:
+    return text
+
+
+@functools.lru_cache(maxsize=8)  # every case reads it: parsed once per value
+def _additions(text: str) -> Additions:
+    entries = [entry.strip() for entry in text.split(",")]
+    return Additions(
+        names=tuple(entry for entry in entries if entry and not entry.endswith("*")),
+        prefixes=tuple(entry[:-1] for entry in entries if entry.endswith("*")),
+    )
+
+
+# How hluk may be started (see hluk/spawn.py), the default first.
+SPAWN_WAYS = ("spawner", "setpriv", "fork")
+
+STARTUP_TIMEOUT = _seconds(
+    "VERL_HYPERLIGHT_STARTUP_TIMEOUT",
+    60.0,
+    "Seconds a case's micro-VM may take to start (not part of run_timeout); a warm-up that "
+    "hluk leaves silent this long outside an image pull is hung.",
+)
+WARM_UP_TIMEOUT = _seconds(
+    "VERL_HYPERLIGHT_WARM_UP_TIMEOUT",
+    900.0,
+    "Seconds a warm-up (an image pull and the warm snapshot) may take in all.",
+)
+HLUK_ENV = Setting(
+    "VERL_HYPERLIGHT_HLUK_ENV",
+    Additions(),
+    "nothing added",
+    _additions,
+    "More of the worker's variables hluk is given: comma-separated names, or prefixes ending "
+    "in `*`.",
+)
+SPAWN = Setting(
+    "VERL_HYPERLIGHT_SPAWN",
+    SPAWN_WAYS[0],
+    SPAWN_WAYS[0],
+    _one_of(SPAWN_WAYS),
+    "How hluk is started: spawner (posix_spawn, from a helper process), setpriv (an extra "
+    "exec per case) or fork (a fork of the worker).",
+)
+CASE_DIR = Setting(
+    "VERL_HYPERLIGHT_CASE_DIR",
+    None,
+    "/dev/shm, else TMPDIR",
+    _text,
+    "The directory case directories are made in, with no fallback.",
+)
+TOKEN = Setting(
+    "VERL_HYPERLIGHT_TOKEN",
+    None,
+    "no token",
+    _text,
+    "The token `serve` requires of POST /run_code, as `Authorization: Bearer <token>`.",
+)
+POD_NAME = Setting(
+    "MY_POD_NAME",
+    None,
+    "null",
+    _verbatim,
+    "What `serve` answers as executor_pod_name, as Sandbox Fusion does.",
+)
+HLUK_PATH = Setting(
+    "HLUK_PATH",
+    None,
+    "the hluk on PATH",
+    _text,
+    "The hluk to run; a wrapper script must exec hluk.",
+)
+HLUK_INITRD = Setting(
+    "HLUK_INITRD",
+    None,
+    "the python image",
+    _text,
+    "A local Python root filesystem that hyperlight:// boots (warm) instead of the python image.",
+)
+HLUK_CACHE_DIR = Setting(
+    "HLUK_CACHE_DIR",
+    None,
+    "$XDG_CACHE_HOME/hluk, else ~/.cache/hluk",
+    _text,
+    "hluk's cache (hluk's own setting, passed to it); the warm-up's lock and pytest's copy for "
+    "the guest are kept in it.",
+)
+HLUK_REGISTRY = Setting(
+    "HLUK_REGISTRY",
+    None,
+    "hluk's default",
+    _text,
+    "The registry hluk pulls images from (hluk's own setting, passed to it); part of what a "
+    "warm snapshot serves.",
+)
+HLUK_IMAGE_VERSION = Setting(
+    "HLUK_IMAGE_VERSION",
+    None,
+    "hluk's default",
+    _text,
+    "The version of the published images hluk pulls (hluk's own setting, passed to it); part "
+    "of what a warm snapshot serves.",
+)
+RAY_ADDRESS = Setting(
+    "RAY_ADDRESS",
+    None,
+    "the cluster `ray start` runs on this node",
+    _text,
+    "The Ray cluster a `?ray` URL joins when Ray is not initialised in the process (Ray's own "
+    "setting); never a new cluster of our own.",
+)
+
+ALL: tuple[Setting[Any], ...] = (
+    STARTUP_TIMEOUT,
+    WARM_UP_TIMEOUT,
+    HLUK_ENV,
+    SPAWN,
+    CASE_DIR,
+    TOKEN,
+    POD_NAME,
+    HLUK_PATH,
+    HLUK_INITRD,
+    HLUK_CACHE_DIR,
+    HLUK_REGISTRY,
+    HLUK_IMAGE_VERSION,
+    RAY_ADDRESS,
+)
+
+
+def hluk_cache_directory() -> str:
+    """hluk's cache directory, as hluk finds it, made absolute."""
+    # A string, not a Path: every case looks at the cache (warmup's cache state), and path
+    # objects cost more than the stat calls do.
+    chosen = HLUK_CACHE_DIR.value()
+    if chosen is None:
+        parent = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        chosen = os.path.join(parent, "hluk")
+    return chosen if os.path.isabs(chosen) else os.path.join(os.getcwd(), chosen)
+
+
+def variables(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment's variables that `names` names or whose names start with one of
+    `prefixes`."""
+    environment = os.environ
+    found = {name: value for name in names if (value := environment.get(name)) is not None}
+    if prefixes:
+        found.update(item for item in environment.items() if item[0].startswith(prefixes))
+    return found
+
+
+# The settings' values said to be unusable so far.
+_unusable = CauseCounts()

@@ -1,0 +1,160 @@
+"""ARCHITECTURE.md stays true: every module it names exists, and imports run downward."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "verl_hyperlight"
+DOCUMENT = ROOT / "ARCHITECTURE.md"
+
+# The rooms, bottom to top, as ARCHITECTURE.md draws them. A module may import modules of its
+# own room, of a room on a lower level, and (in the foundation) the foundation modules listed
+# before it.
+FOUNDATION = ("errors", "settings", "outcome", "diagnosis")
+LEVELS: tuple[tuple[str, ...], ...] = (
+    ("guest",),
+    FOUNDATION,
+    ("hluk",),
+    ("case",),
+    ("agent", "server"),
+    ("commands",),
+    ("plugin", "tool", "cli", "__init__"),
+)
+LEVEL = {room: level for level, rooms in enumerate(LEVELS) for room in rooms}
+
+
+def _room(module: str) -> str:
+    """The room of a module named relative to the package (``case.api`` -> ``case``)."""
+    return module.split(".", 1)[0] if module else "__init__"
+
+
+def _imports() -> list[tuple[str, str]]:
+    """(importer, imported) for every import of the package's own modules, relative to the
+    package, function-level imports included."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts = parts[:-1]
+        here = parts if is_package else parts[:-1]
+        module = ".".join(parts)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[: len(here) - node.level + 1]
+                    target = ".".join([*base, *([node.module] if node.module else [])])
+                elif (node.module or "").startswith("verl_hyperlight"):
+                    target = node.module.removeprefix("verl_hyperlight").lstrip(".")
+                else:
+                    continue
+                for alias in node.names:
+                    named = f"{target}.{alias.name}" if target else alias.name
+                    is_module = (PACKAGE / f"{named.replace('.', '/')}.py").exists() or (
+                        PACKAGE / named.replace(".", "/")
+                    ).is_dir()
+                    found.append((module, named if is_module else target))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("verl_hyperlight"):
+                        found.append(
+                            (module, alias.name.removeprefix("verl_hyperlight").lstrip("."))
+                        )
+    return found
+
+
+def _allowed(importer: str, imported: str) -> bool:
+    source, target = _room(importer), _room(imported)
+    if source == target:
+        return True
+    if target == "__init__":
+        # The package root (its version, its lazy run_code) is for the entry points alone.
+        return LEVEL[source] == LEVEL["__init__"]
+    if source in FOUNDATION and target in FOUNDATION:
+        return FOUNDATION.index(target) < FOUNDATION.index(source)
+    return LEVEL[target] < LEVEL[source]
+
+
+def test_every_module_belongs_to_a_room_of_the_drawing() -> None:
+    rooms = {_room(module) for module, _ in _imports()} | {
+        path.stem if path.is_file() else path.name
+        for path in PACKAGE.iterdir()
+        if (path.suffix == ".py" or (path / "__init__.py").exists())
+    }
+    assert rooms <= set(LEVEL), f"rooms ARCHITECTURE.md does not draw: {rooms - set(LEVEL)}"
+
+
+def test_imports_run_downward_only() -> None:
+    wrong = sorted(
+        f"{importer or '__init__'} imports {imported}"
+        for importer, imported in _imports()
+        if not _allowed(importer, imported)
+    )
+    assert not wrong, "imports against ARCHITECTURE.md's rules:\n" + "\n".join(wrong)
+
+
+def test_the_guest_imports_nothing_of_the_host() -> None:
+    host = [(a, b) for a, b in _imports() if _room(a) == "guest" and _room(b) != "guest"]
+    assert not host
+
+
+def test_the_rule_checker_sees_an_upward_import() -> None:
+    # The checker itself: an import from the case path into the server, or from hluk into
+    # the case path, is refused; the ones the drawing allows are not.
+    assert not _allowed("case.api", "server.app")
+    assert not _allowed("hluk.process", "case.warmup")
+    assert not _allowed("agent.calls", "server.app")
+    assert not _allowed("agent.notebook", "commands.selftest")
+    assert _allowed("commands.selftest", "agent.notebook")
+    assert not _allowed("errors", "diagnosis")
+    assert _allowed("diagnosis", "errors")
+    assert _allowed("server.app", "case.api")
+    assert ("case.api", "hluk.process") in _imports()
+
+
+def _named_paths() -> list[str]:
+    """The module and room paths ARCHITECTURE.md names, resolved against the package: in the
+    table of rooms relative to its row's room, elsewhere relative to the package."""
+    named = []
+    for line in DOCUMENT.read_text().splitlines():
+        tokens = re.findall(r"`([\w/]+(?:\.py|/))`", line)
+        room = ""
+        if line.startswith("| `"):
+            first = tokens[0] if tokens else ""
+            room = first if first.endswith("/") else ""
+        for token in tokens:
+            if token.startswith(("src/", "tests/")):
+                continue  # the repository's, checked below
+            if room and token != room and not (PACKAGE / token).exists():
+                token = room + token
+            elif not room and "/" not in token:
+                # A module named alone in the prose: the one of that name in the package.
+                found = [path.relative_to(PACKAGE) for path in PACKAGE.rglob(token)]
+                token = str(found[0]) if len(found) == 1 else token
+            named.append(token)
+    return named
+
+
+@pytest.mark.parametrize("path", sorted(set(_named_paths())))
+def test_every_module_the_document_names_exists(path: str) -> None:
+    assert (PACKAGE / path).exists(), f"ARCHITECTURE.md names {path}, which is not in the package"
+
+
+def test_the_repository_paths_the_document_names_exist() -> None:
+    paths = re.findall(r"`((?:src|tests)/[\w/.]+)`", DOCUMENT.read_text())
+    assert paths
+    assert [path for path in paths if not (ROOT / path).exists()] == []
+
+
+def test_the_document_names_every_room() -> None:
+    named = set(_named_paths())
+    for path in PACKAGE.iterdir():
+        if (path / "__init__.py").exists():
+            assert f"{path.name}/" in named
+        elif path.suffix == ".py" and path.name != "__init__.py":
+            assert path.name in named

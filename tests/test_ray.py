@@ -1,0 +1,559 @@
+"""hyperlight://?ray on a real multi-node Ray cluster on this machine (ray.cluster_utils): a
+head node without the resource, whose hluk fails loudly and says so if anything runs there, and
+nodes that offer it, each with its own stand-in hluk cache, argv log and case-directory root,
+so that a test can tell which node ran a case. One cluster for the module: a node takes ~10 s to
+start here. Needs Ray (the verl leg of CI has it, with verl); the test of a worker without Ray
+runs everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import find_bwrap
+from hostside import processes_with, result, sandbox_error, wait_for
+
+from verl_hyperlight import run_code
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The head's hluk: a case or warm-up there is a failure the test sees, in its answer and log.
+HEAD_HLUK = """#!/bin/sh
+echo "$*" >> {log}
+echo "hluk on the Ray head node: no case may run here" >&2
+exit 97
+"""
+
+
+@dataclass
+class Node:
+    """A node that offers a resource, as a test sees it."""
+
+    name: str
+    root: Path
+    handle: Any = None
+    resources: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def argv_log(self) -> Path:
+        return self.root / "argv.log"
+
+    @property
+    def case_root(self) -> Path:
+        return self.root / "cases"
+
+    def case_runs(self) -> int:
+        """The case runs its hluk has started (warm-ups mount no case directory)."""
+        if not self.argv_log.exists():
+            return 0
+        lines = self.argv_log.read_text().splitlines()
+        return sum("--mount" in json.loads(line) for line in lines)
+
+    def running(self) -> list[int]:
+        """Its hluk processes running a case now."""
+        return [
+            pid
+            for pid in processes_with(str(self.case_root))
+            if pid in processes_with("/standin/hluk\0")
+        ]
+
+
+class RayCluster:
+    def __init__(self, root: Path, standin: Path) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.ray = ray
+        self.root = root
+        self.standin = standin
+        self.head_log = root / "head.log"
+        head_hluk = root / "head-hluk"
+        head_hluk.write_text(HEAD_HLUK.format(log=self.head_log))
+        head_hluk.chmod(0o755)
+        self.cluster = Cluster(
+            initialize_head=True,
+            connect=False,
+            head_node_args={
+                "num_cpus": 1,
+                "include_dashboard": False,
+                "env_vars": {"HLUK_PATH": str(head_hluk)},
+            },
+        )
+        self.nodes: dict[str, Node] = {}
+
+    def add(self, name: str, resources: dict[str, float]) -> Node:
+        node = Node(name, self.root / name, resources=resources)
+        node.case_root.mkdir(parents=True)
+        env = {
+            "HLUK_PATH": str(self.standin),
+            "HLUK_CACHE_DIR": str(node.root / "cache"),
+            "HLUK_STANDIN_BWRAP": find_bwrap(),
+            "HLUK_STANDIN_ARGV_LOG": str(node.argv_log),
+            "VERL_HYPERLIGHT_HLUK_ENV": "HLUK_STANDIN_*",
+            "VERL_HYPERLIGHT_CASE_DIR": str(node.case_root),
+        }
+        node.handle = self.cluster.add_node(num_cpus=1, resources=resources, env_vars=env)
+        self.cluster.wait_for_nodes()
+        self.nodes[name] = node
+        return node
+
+    def remove(self, node: Node, graceful: bool = True) -> None:
+        self.cluster.remove_node(node.handle, allow_graceful=graceful)
+        del self.nodes[node.name]
+
+    def shutdown(self) -> None:
+        self.ray.shutdown()
+        self.cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, standin_path: Path) -> Iterator[RayCluster]:
+    pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
+    # Ray's sockets and logs in a directory of the module's own (a socket path stays short).
+    ray_tmp = tempfile.mkdtemp(prefix="/tmp/vh-ray-")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", ray_tmp)
+        patch.delenv("RAY_ADDRESS", raising=False)
+        built = RayCluster(tmp_path_factory.mktemp("cluster"), standin_path)
+        try:
+            if built.ray.is_initialized():  # by an earlier module's test, on a cluster of its own
+                built.ray.shutdown()
+            built.add("a", {"hyperlight": 3})
+            built.add("b", {"hyperlight": 3})
+            built.ray.init(address=built.cluster.address)
+            yield built
+        finally:
+            built.shutdown()
+    subprocess.run(["rm", "-rf", ray_tmp], check=False)
+
+
+def through(
+    url: str, code: str, stdin: str = "", run_timeout: float = 20, **options: Any
+) -> dict[str, Any]:
+    response, error = run_code(url, code, stdin, None, run_timeout, None, **options)
+    assert error is None and response is not None, error
+    return response
+
+
+SQUARE = "import sys\nprint(int(sys.stdin.read()) ** 2)\n"
+
+
+def test_hundreds_of_cases_from_several_threads_run_on_the_nodes_that_offer_the_resource(
+    cluster: RayCluster,
+) -> None:
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    before = a.case_runs() + b.case_runs()
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda i: through("hyperlight://?ray", SQUARE, str(i)), range(240)))
+    for i, answer in enumerate(answers):
+        assert result(answer)[:4] == ("Success", "Finished", 0, f"{i * i}\n"), answer
+    assert a.case_runs() + b.case_runs() - before == 240
+    assert a.case_runs() and b.case_runs()  # Ray spread them
+    assert not cluster.head_log.exists()  # nothing ran on the head
+
+
+def test_large_inputs_and_outputs_cross_the_cluster_whole(cluster: RayCluster) -> None:
+    import base64
+
+    stdin = "x" * (1024 * 1024)
+    data = os.urandom(2 * 1024 * 1024)
+    size = 16 * 1024 * 1024 - 1024
+    code = (
+        "import sys\n"
+        "data = open('in.bin', 'rb').read()\n"
+        "open('out.bin', 'wb').write(data[::-1])\n"
+        f"sys.stdout.write('y' * {size})\n"
+        "sys.stderr.write(str(len(sys.stdin.read())))\n"
+    )
+    answer = through(
+        "hyperlight://?ray",
+        code,
+        stdin,
+        run_timeout=60,
+        files={"in.bin": base64.b64encode(data).decode()},
+        fetch_files=["out.bin"],
+    )
+    status, run_status, code_status, stdout, stderr = result(answer)
+    assert (status, run_status, code_status) == ("Success", "Finished", 0), answer["message"]
+    assert stdout == "y" * size and stderr == str(len(stdin))
+    assert base64.b64decode(answer["files"]["out.bin"]) == data[::-1]
+
+
+def test_a_resource_no_node_offers_is_a_sandbox_error_then_fails_fast_then_recovers(
+    cluster: RayCluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "verl_hyperlight")
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "3")
+    url = "hyperlight://?ray=absent"
+    message = sandbox_error(through(url, "print(1)"))
+    assert "no alive node of the Ray cluster offers the resource 'absent' (waited 3 s" in message
+    assert """ray start --address=HEAD:6379 --resources='{"absent": N}'""" in message
+    started = time.monotonic()
+    assert sandbox_error(through(url, "print(1)")) == message
+    assert time.monotonic() - started < 3  # while none offers it, at once
+    logged = [r.getMessage() for r in caplog.records if "'absent'" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].startswith("verl-hyperlight: no alive node")
+    late = cluster.add("late", {"absent": 1})
+    try:
+        assert result(through(url, "print(2)"))[3] == "2\n"  # recovered by itself
+        assert late.case_runs() == 1
+        assert any("offers 'absent' again" in r.getMessage() for r in caplog.records)
+    finally:
+        cluster.remove(late)
+
+
+def test_a_node_that_joins_mid_batch_takes_the_cases_that_wait(cluster: RayCluster) -> None:
+    url = "hyperlight://?ray=joining"
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(through, url, SQUARE, str(i)) for i in range(6)]
+        time.sleep(1)
+        assert not any(future.done() for future in futures)  # waiting: nobody offers it yet
+        joined = cluster.add("joined", {"joining": 3})
+        try:
+            answers = [future.result(timeout=120) for future in futures]
+            assert joined.case_runs() == 6
+        finally:
+            cluster.remove(joined)
+    assert [result(answer)[3] for answer in answers] == [f"{i * i}\n" for i in range(6)]
+
+
+def test_a_node_removed_mid_batch_fails_only_the_cases_it_had_started(
+    cluster: RayCluster,
+) -> None:
+    url = "hyperlight://?ray=doomed"
+    doomed = cluster.add("doomed", {"doomed": 2})
+    spare = cluster.add("spare", {"doomed": 2})
+    sleeper = "import sys, time\ntime.sleep(4)\nprint(sys.stdin.read())\n"
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(through, url, sleeper, str(i)) for i in range(8)]
+            assert wait_for(lambda: len(doomed.running()) == 2, limit=60)
+            cluster.remove(doomed, graceful=False)
+            answers = [future.result(timeout=120) for future in futures]
+        started_there = doomed.case_runs()
+        failed = [answer for answer in answers if answer["status"] == "SandboxError"]
+        assert len(failed) == started_there == 2, [a["message"] for a in failed]
+        # Ray's NodeDiedError, or, when the node's worker saw its micro-VM killed with the node
+        # and answered before it died itself, that worker's own answer: a death either way.
+        assert all("died" in sandbox_error(a) for a in failed), [a["message"] for a in failed]
+        for i, answer in enumerate(answers):
+            if answer["status"] != "SandboxError":
+                assert result(answer)[:4] == ("Success", "Finished", 0, f"{i}\n")
+        assert spare.case_runs() == 6
+    finally:
+        cluster.remove(spare)
+
+
+def test_a_cancelled_case_kills_its_micro_vm_on_its_node(cluster: RayCluster) -> None:
+    cancel = threading.Event()
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(
+            through,
+            "hyperlight://?ray",
+            "import time\ntime.sleep(60)\n",
+            run_timeout=90,
+            cancel=cancel,
+        )
+        assert wait_for(lambda: a.running() or b.running(), limit=60)
+        running = a.running() + b.running()
+        cancel.set()
+        message = sandbox_error(future.result(timeout=30))
+    assert "cancelled" in message
+    assert wait_for(lambda: not (set(a.running() + b.running()) & set(running)), limit=30)
+
+
+def test_the_agent_tools_stateless_calls_take_the_cluster(cluster: RayCluster) -> None:
+    import asyncio
+
+    from verl_hyperlight.agent.calls import CodeRunner, ToolSettings
+
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    before = a.case_runs() + b.case_runs()
+    runner = CodeRunner(ToolSettings.from_config({"sandbox_fusion_url": "hyperlight://?ray"}))
+
+    async def calls() -> list[Any]:
+        return await asyncio.gather(*(runner.call({"code": f"print({i} * 3)"}) for i in range(8)))
+
+    said = asyncio.run(calls())
+    assert [text for text, _ in said] == [f"{i * 3}\n" for i in range(8)]
+    assert a.case_runs() + b.case_runs() - before == 8
+
+
+WITHOUT_RAY = """
+import sys
+sys.modules["ray"] = None  # an environment without the ray extra
+from verl_hyperlight import run_code
+response, error = run_code("hyperlight://?ray", "print(1)", "", None, 5, None)
+print(response["status"], response["message"])
+"""
+
+UNREACHABLE = """
+import sys
+from verl_hyperlight import run_code
+response, error = run_code("hyperlight://?ray", "print(1)", "", None, 5, None)
+print(response["status"], response["message"])
+"""
+
+
+def test_a_worker_without_ray_is_told_which_extra_to_install() -> None:
+    said = subprocess.run(
+        [sys.executable, "-c", WITHOUT_RAY], capture_output=True, text=True, timeout=60
+    )
+    assert said.stdout.startswith("SandboxError the sandbox URL asks for Ray (?ray)"), said
+    assert "pip install 'verl-hyperlight[ray]'" in said.stdout
+    assert "every code reward" in said.stderr  # logged once at ERROR, as a broken backend is
+
+
+def test_a_worker_that_reaches_no_cluster_is_told_how_to_reach_one(tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9", "RAY_TMPDIR": str(tmp_path)}
+    said = subprocess.run(
+        [sys.executable, "-c", UNREACHABLE], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert said.stdout.startswith("SandboxError the sandbox URL asks for Ray (?ray) and no Ray"), (
+        said
+    )
+    assert "set RAY_ADDRESS" in said.stdout and "ray start --head" in said.stdout
+
+
+GOOD = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+BAD = "```python\na, b = map(int, input().split())\nprint(a - b)\n```"
+# The reward config of the README's section on GPU nodes without KVM (test_readme checks the
+# README shows this one).
+RAY_REWARD_CONFIG = {"url": "hyperlight://?ray", "max_concurrent": 64, "memory_limit_mb": 1024}
+
+
+def test_verls_reward_loop_scores_a_batch_through_the_cluster(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    """verl's own RewardLoopManager, its reward workers placed by verl (on the head too, whose
+    hluk fails), scoring codecontests samples with reward.sandbox_fusion.url=hyperlight://?ray:
+    every case runs on a node that offers the resource."""
+    pytest.importorskip("verl", reason="verl is not installed: pip install torch verl")
+    import numpy as np
+    import torch
+    from omegaconf import OmegaConf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from verl import DataProto
+    from verl.experimental.reward_loop.reward_loop import RewardLoopManager
+
+    # A tokenizer of our own, offline, whose tokens 6 and 7 decode to a right and a wrong
+    # solution: no model, no GPU.
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, "p": 3, "q": 4, "r": 5, GOOD: 6, BAD: 7}
+    words = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=words, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    ).save_pretrained(tmp_path / "tokenizer")
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "model": {"path": str(tmp_path / "tokenizer"), "tokenizer_path": None}
+            },
+            "reward": {
+                "num_workers": 2,
+                "reward_model": {
+                    "enable": False,
+                    "enable_resource_pool": False,
+                    "model_path": None,
+                },
+                "reward_manager": {
+                    "name": "naive",
+                    "source": "register",
+                    "module": {"path": None, "name": None},
+                },
+                "custom_reward_function": {"path": None, "name": None, "reward_kwargs": {}},
+                "sandbox_fusion": RAY_REWARD_CONFIG,
+            },
+        }
+    )
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    before = a.case_runs() + b.case_runs()
+    tests = json.dumps({"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7\n"]})
+    rows = 4
+    data = DataProto.from_dict(
+        tensors={
+            "prompts": torch.tensor([[3, 4, 5]] * rows),
+            "responses": torch.tensor([[6, 1], [7, 1], [6, 1], [7, 1]]),
+            "attention_mask": torch.ones(rows, 5, dtype=torch.long),
+        },
+        non_tensors={
+            "data_source": np.array(["codecontests"] * rows, dtype=object),
+            "reward_model": np.array([{"ground_truth": tests}] * rows, dtype=object),
+        },
+    )
+    scores = RewardLoopManager(config).compute_rm_score(data).batch["rm_scores"].sum(-1)
+    assert scores.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert a.case_runs() + b.case_runs() - before >= 6  # 2 tests each (a wrong one may stop at 1)
+    assert not cluster.head_log.exists()
+
+
+def test_doctor_lists_the_nodes_that_offer_the_resource_and_checks_each_there(
+    cluster: RayCluster,
+) -> None:
+    from verl_hyperlight.commands import doctor
+
+    # The first run takes each node's warm snapshot if it has none (warn: a first case would
+    # wait); the next finds every node warm.
+    list(doctor.checks(doctor.Options(url="hyperlight://?ray")))
+    found = list(doctor.checks(doctor.Options(url="hyperlight://?ray")))
+    by_name: dict[str, list[doctor.Check]] = {}
+    for check in found:
+        by_name.setdefault(check.name, []).append(check)
+    nodes = by_name["nodes"]
+    assert nodes[0].status == "ok" and "2 alive node(s) offer 'hyperlight'" in nodes[0].detail
+    ids = {node["NodeID"][:8] for node in cluster.ray.nodes()}
+    # Each node's own hluk, warm guest and case end to end, said with the node's id.
+    for name in ("hluk", "snapshot", "case"):
+        assert len(by_name[name]) == 2 and all(c.status == "ok" for c in by_name[name]), found
+        assert len({c.detail.split("]")[0] for c in by_name[name]}) == 2
+        assert all(c.detail.split("]")[0].split()[-1] in ids for c in by_name[name])
+    assert all("print(1+1) answered 2" in c.detail for c in by_name["case"])
+    assert not cluster.head_log.exists()
+
+    missing = list(doctor.checks(doctor.Options(url="hyperlight://?ray=nobody")))
+    failed = [check for check in missing if check.status == "fail"]
+    assert [check.name for check in failed] == ["nodes"]
+    assert "ray start --address=HEAD:6379" in failed[0].fix
+
+
+def test_bench_measures_through_the_cluster(
+    cluster: RayCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_hyperlight.cli import main
+
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    before = a.case_runs() + b.case_runs()
+    argv = ["bench", "hyperlight://?ray", "--concurrency", "1,4", "--seconds", "1", "--json"]
+    assert main(argv) == 0
+    levels = json.loads(capsys.readouterr().out)["levels"]
+    assert [level["concurrency"] for level in levels] == [1, 4]
+    assert all(level["failed"] == 0 and level["cases"] > 0 for level in levels), levels
+    ran = sum(level["cases"] for level in levels)
+    assert a.case_runs() + b.case_runs() - before >= ran  # every measured case ran on a node
+    assert not cluster.head_log.exists()
+
+
+def readme_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## GPU nodes without KVM")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def fenced(section: str) -> list[tuple[str, str]]:
+    """The section's fenced blocks: (language, text)."""
+    blocks, parts = [], section.split("```")
+    for block in parts[1:-1:2]:
+        language, _, body = block.partition("\n")
+        blocks.append((language.strip(), body))
+    return blocks
+
+
+def test_the_readmes_ray_section_shows_the_config_and_resource_the_tests_use() -> None:
+    import shlex
+
+    import yaml
+
+    from verl_hyperlight.case.url import DEFAULT_RESOURCE, parse_url
+
+    (_, keys), (_, start), (language, kuberay) = fenced(readme_section())
+    shown: dict[str, Any] = {}
+    for line in keys.split():
+        name, _, value = line.removeprefix("reward.sandbox_fusion.").partition("=")
+        shown[name] = int(value) if value.isdigit() else value
+    assert shown == RAY_REWARD_CONFIG  # the config test_verls_reward_loop_... scores with
+    assert parse_url(shown["url"]).ray == DEFAULT_RESOURCE == "hyperlight"
+    # `ray start` offering the resource the cluster fixture's nodes offer.
+    argv = shlex.split(start)
+    assert argv[:3] == ["ray", "start", "--address=HEAD:6379"]
+    resources = json.loads(argv[3].removeprefix("--resources="))
+    assert list(resources) == [DEFAULT_RESOURCE] and resources[DEFAULT_RESOURCE] > 0
+    # KubeRay's rayStartParams hold the same, in its quoting (a JSON string in YAML quotes).
+    assert language == "yaml"
+    group = yaml.safe_load(kuberay)["workerGroupSpecs"][0]
+    assert json.loads(json.loads(group["rayStartParams"]["resources"])) == resources
+    spec = group["template"]["spec"]
+    assert spec["volumes"][0]["hostPath"]["path"] == "/dev/kvm"
+
+
+def notebook_hluks(node: Node) -> list[int]:
+    """Its hluk processes that run a notebook (a notebook mounts no case directory)."""
+    return [
+        pid
+        for pid in processes_with(".notebook(")
+        if pid in processes_with("/standin/hluk\0")
+        and f"HLUK_CACHE_DIR={node.root / 'cache'}".encode()
+        in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    ]
+
+
+def test_a_trajectorys_notebook_lives_on_one_node_and_ends_when_released(
+    cluster: RayCluster,
+) -> None:
+    import asyncio
+
+    from verl_hyperlight.agent.calls import NOTEBOOK_RESTARTED, CodeRunner, ToolSettings
+
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    config = {"sandbox_fusion_url": "hyperlight://?ray", "session": "trajectory"}
+    runner = CodeRunner(ToolSettings.from_config(config))
+
+    def ask(code: str, key: str, **parameters: Any) -> tuple[str, dict[str, Any]]:
+        return asyncio.run(runner.call({"code": code, **parameters}, key))
+
+    try:
+        assert ask("x = 41", "t1")[0] == ""
+        assert ask("y = 1", "t2")[0] == ""
+        for _ in range(3):
+            assert ask("x += 1\nprint(x)", "t1")[0] in ("42\n", "43\n", "44\n")
+        assert ask("print(x)", "t1")[0] == "44\n"  # state kept across calls
+        assert "NameError" in ask("print(x)", "t2")[0]  # each trajectory its own
+        up = notebook_hluks(a) + notebook_hluks(b)
+        assert len(up) == 2 and not cluster.head_log.exists()
+        # A call past its time limit ends the notebook, and its answer says so.
+        text, found = ask("import time\ntime.sleep(30)", "t1", timeout=1)
+        assert text.endswith(NOTEBOOK_RESTARTED) and found["session_restarted"] is True
+        assert "NameError" in ask("print(x)", "t1")[0]
+        runner.release("t1")
+        runner.release("t2")
+        assert wait_for(lambda: not (notebook_hluks(a) + notebook_hluks(b)), limit=30)
+    finally:
+        runner.close()
+
+
+def test_a_cancelled_notebook_call_kills_its_actor_and_micro_vm(cluster: RayCluster) -> None:
+    from verl_hyperlight.agent.notebook import RemoteNotebook
+
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    notebook = RemoteNotebook("hyperlight://?ray", None)
+    response, _ = notebook.run("x = 1\nprint(x)", 10, None)
+    assert response is not None and result(response)[3] == "1\n" and notebook.alive
+    [hluk] = notebook_hluks(a) + notebook_hluks(b)
+    cancel = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(notebook.run, "import time\ntime.sleep(60)", 90, cancel)
+        time.sleep(1)
+        cancel.set()
+        response, _ = future.result(timeout=30)
+    assert response is not None and "cancelled" in sandbox_error(response)
+    assert not notebook.alive and notebook.actor is None
+    assert wait_for(lambda: hluk not in notebook_hluks(a) + notebook_hluks(b), limit=30)
+    response, _ = notebook.run("print(2)", 10, None)  # a new actor, a new micro-VM
+    assert response is not None and result(response)[3] == "2\n" and notebook.generation == 2
+    notebook.close()
+    assert wait_for(lambda: not notebook_hluks(a) + notebook_hluks(b), limit=30)
