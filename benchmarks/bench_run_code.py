@@ -20,9 +20,16 @@
    (the stand-in's own ~0.1-0.2 s blurs the difference), and throughput at concurrency 1, 2
    and 8 against `python solution.py` run directly on the host.
 
-Without HLUK_PATH it uses the stand-in hluk from tests/ (bubblewrap, a host CPython) for 3.
+4. Ready guests (case/ready.py, the default) on and off, alternated in one run, against the
+   double whose start spends as much CPU as a new hluk's start and restore (--start-ms, 7 by
+   default): latency per case at concurrency 1 (cases spaced past a start, and back to back),
+   8 and 64, and the worker's and the node's CPU per case.
+
+Sections 1-3 run each case's own start (VERL_HYPERLIGHT_READY_GUESTS=0), as a baseline
+checkout does. Without HLUK_PATH it uses the stand-in hluk from tests/ (bubblewrap, a host
+CPython) for 3.
 Figures are noisy on a shared machine: compare the ratios and differences of one run.
-Usage: python benchmarks/bench_run_code.py [--cases N] [--skip-standin] [--only-c1]
+Usage: python benchmarks/bench_run_code.py [--cases N] [--skip-standin] [--only-c1] [--only-ready]
 """
 
 from __future__ import annotations
@@ -80,6 +87,7 @@ MEMORY_MB = 1024
 # Spelled here, not imported, so that an older checkout runs the same benchmark as the baseline.
 CASE_DIR_ENV = "VERL_HYPERLIGHT_CASE_DIR"
 SPAWN_ENV = "VERL_HYPERLIGHT_SPAWN"
+READY_ENV = "VERL_HYPERLIGHT_READY_GUESTS"
 CONCURRENCIES = (1, 8, 64)
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -139,7 +147,8 @@ NOTEBOOK_DOUBLE = notebook_double(repr(EXPECTED.encode()))
 def hluk_double(scratch: Path, busy_loops: int = 0) -> Path:
     """A hluk double that prints the runner's frames for EXPECTED (no guest at all), and an
     empty case's for the warm-up's probe: at once, or after `busy_loops` turns of a shell
-    loop, a few milliseconds on a CPU, as a real case's restore and run take."""
+    loop, a few milliseconds on a CPU, as a real case's restore and run take. As a ready guest
+    (case/ready.py) it spends that time first, then waits for its line on stdin."""
     encoded = base64.b64encode(EXPECTED.encode()).decode()
     double = scratch / f"hluk-double-{busy_loops}"
     double.write_text(
@@ -148,12 +157,14 @@ def hluk_double(scratch: Path, busy_loops: int = 0) -> Path:
         f"i=0; while [ $i -lt {busy_loops} ]; do i=$((i+1)); done\n"
         "for last; do :; done\n"
         "nonce=${last%\\')}; nonce=${nonce##*\\'}\n"
+        "answer() { printf '\\r\\n%s start\\r\\n"
+        f"\\r\\n%s end 0 0.000100 - {len(EXPECTED)} 0 -\\r\\n\\r\\n%s stdout {encoded}\\r\\n"
+        '\\r\\n%s done\\r\\n\' "$nonce" "$nonce" "$nonce" "$nonce"; }\n'
         'case "$last" in\n'
         "  *probe*) printf '\\r\\n%s start\\r\\n\\r\\n%s end 0 0.0 - 0 0 -\\r\\n"
         '\\r\\n%s done\\r\\n\' "$nonce" "$nonce" "$nonce" ;;\n'
-        "  *main*) printf '\\r\\n%s start\\r\\n"
-        f"\\r\\n%s end 0 0.000100 - {len(EXPECTED)} 0 -\\r\\n\\r\\n%s stdout {encoded}\\r\\n"
-        '\\r\\n%s done\\r\\n\' "$nonce" "$nonce" "$nonce" "$nonce" ;;\n'
+        "  *ready*) read -r line; answer ;;\n"
+        "  *main*) answer ;;\n"
         f'  *notebook*) exec {sys.executable} -I -S -c {shlex.quote(NOTEBOOK_DOUBLE)} "$nonce" ;;\n'
         "esac\n"
     )
@@ -496,6 +507,99 @@ def standin_comparison(scratch: Path, backend: str, cases: int) -> None:
         )
 
 
+def calibrated_double(scratch: Path, start_ms: float) -> tuple[Path, float]:
+    """The double whose start spends about `start_ms` of CPU (its shell's own start included),
+    as a new hluk's start, snapshot load and restore do (hyperlight-unikraft's `bench
+    cold-snap`: 6.5-9 ms); and the CPU ms one start was measured to take."""
+    loops = 1000
+    for _ in range(6):
+        double = hluk_double(scratch, loops)
+        argv = [str(double), "run", "--exec", "x.probe('n')"]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        for _ in range(20):
+            subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / 20 * 1000
+        if abs(spent - start_ms) < 0.1 * start_ms:
+            break
+        loops = max(1, int(loops * start_ms / max(spent, 0.01)))
+    return double, spent
+
+
+def node_busy_seconds() -> float:
+    """The node's CPU time spent so far, every process's (/proc/stat: all but idle and iowait)."""
+    fields = [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
+
+
+def ready_guests(
+    scratch: Path, cases: int, start_ms: float, concurrencies: tuple[int, ...]
+) -> None:
+    """Section 4: ready guests (the default) against each case's own start, alternated in one
+    run, with a double whose start costs what a real one's does."""
+    double, spent = calibrated_double(scratch, start_ms)
+    os.environ["HLUK_PATH"] = str(double)
+    gap = 4 * start_ms / 1000  # past a start: the next case finds its guest restored
+    print(
+        f"\n4. ready guests on (VERL_HYPERLIGHT_READY_GUESTS unset) and off (0): a double whose "
+        f"start costs {spent:.1f} ms of CPU (asked {start_ms:g}) and whose solution none; "
+        "latency from run_code's call to its answer, ms (median, p99), and CPU ms per case of "
+        "the worker (all its threads) and of the node (every process: hluk's start included)"
+    )
+    print(
+        f"   {'arrivals':24} {'off':>15} {'on':>15} {'on/off':>6}"
+        f"  {'worker off':>10} {'on':>6}  {'node off':>8} {'on':>6}"
+    )
+    rows = [(f"c=1, one every {gap * 1000:.0f} ms", 1, gap)]
+    rows += [(f"c={c}, back to back", c, 0.0) for c in concurrencies]
+    for label, concurrency, pause in rows:
+        batch = cases if concurrency == 1 else 10 * concurrency
+        found: dict[str, list[tuple[list[float], float, float]]] = {"0": [], "": []}
+        for _ in range(2):  # alternated: off, on, off, on
+            for setting in found:
+                if setting:
+                    os.environ[READY_ENV] = setting
+                else:
+                    os.environ.pop(READY_ENV, None)  # the default
+                _warmup.forget()
+                one_case()  # the gate's probe, and the first guests started ahead
+                time.sleep(gap)
+                found[setting].append(ready_batch(concurrency, batch // 2, pause))
+        off, on = (pooled(found[setting]) for setting in ("0", ""))
+        print(
+            f"   {label:24} {off[0]:7.2f} {off[1]:7.2f} {on[0]:7.2f} {on[1]:7.2f} "
+            f"{on[0] / off[0]:6.2f}  {off[2]:10.2f} {on[2]:6.2f}  {off[3]:8.2f} {on[3]:6.2f}"
+        )
+    os.environ[READY_ENV] = "0"
+    _warmup.forget()
+
+
+def ready_batch(concurrency: int, cases: int, pause: float) -> tuple[list[float], float, float]:
+    """Each case's latency (ms), and the worker's and the node's CPU ms per case."""
+
+    def task(_: int) -> float:
+        elapsed = one_case()
+        if pause:
+            time.sleep(pause)
+        return elapsed * 1000
+
+    cpu, node = time.process_time(), node_busy_seconds()
+    with ThreadPoolExecutor(concurrency) as pool:
+        times = list(pool.map(task, range(cases)))
+    worker = (time.process_time() - cpu) / cases * 1000
+    return times, worker, (node_busy_seconds() - node) / cases * 1000
+
+
+def pooled(runs: list[tuple[list[float], float, float]]) -> tuple[float, float, float, float]:
+    times = [t for run in runs for t in run[0]]
+    return (
+        statistics.median(times),
+        percentile(times, 0.99),
+        statistics.mean(run[1] for run in runs),
+        statistics.mean(run[2] for run in runs),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=200, help="cases per figure of 1 and 2")
@@ -508,17 +612,27 @@ def main() -> None:
     parser.add_argument(
         "--only-c1", action="store_true", help="concurrency 1 only (a quick comparison)"
     )
+    parser.add_argument(
+        "--start-ms", type=float, default=7.0, help="the CPU a double's start costs (section 4)"
+    )
+    parser.add_argument("--only-ready", action="store_true", help="section 4 only")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="verl-hyperlight-bench-"))
+    # Sections 1-3 measure each case's own start, as an older checkout (a baseline) runs it;
+    # section 4 compares it with ready guests, the default.
+    os.environ[READY_ENV] = "0"
     try:
         backend = use_standin_unless_configured(scratch)
         real_hluk = os.environ["HLUK_PATH"]
+        concurrencies = (1,) if args.only_c1 else CONCURRENCIES
+        if args.only_ready:
+            ready_guests(scratch, args.cases, args.start_ms, concurrencies)
+            return
         paths = _spawn.spawn_paths()
         print(
             f"{os.cpu_count()} CPUs; spawn paths here: {', '.join(paths)} (the first is the "
             f"default); {args.cases} cases per figure at concurrency 1, 10 per thread above"
         )
-        concurrencies = (1,) if args.only_c1 else CONCURRENCIES
         os.environ["HLUK_PATH"] = str(hluk_double(scratch, args.busy_loops))
         orchestration(
             scratch,
@@ -548,6 +662,7 @@ def main() -> None:
         in_tmpdir(scratch, args.cases, paths[0])
         per_step(args.cases)
         hops(scratch, args.cases, args.busy_loops)
+        ready_guests(scratch, args.cases, args.start_ms, concurrencies)
         os.environ["HLUK_PATH"] = real_hluk
         if not args.skip_standin:
             standin_comparison(scratch, backend, args.standin_cases)

@@ -85,6 +85,10 @@ def host(hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterato
     # That tmpfs is a directory on a disk whose use is not the test's: none of it kept free.
     monkeypatch.setattr(_casedir, "TMPFS_KEEP_FREE", 0.0)
     monkeypatch.delenv(_settings.CASE_DIR.name, raising=False)
+    # Each case's own hluk, started when it arrives: these tests count the runs, processes and
+    # descriptors of a case, which ready guests (started ahead, held on purpose) would blur.
+    # tests/test_ready.py tests those, and the corpus runs with them on and off.
+    monkeypatch.setenv(_settings.READY_GUESTS.name, "0")
     monkeypatch.setattr(_casedir, "_warnings", _casedir._Warnings())
     monkeypatch.setattr(_api, "failures", _api._FailureLog())
     monkeypatch.setattr(_settings, "_unusable", CauseCounts())

@@ -38,3 +38,19 @@ def test_bench_run_code_prints_each_concurrency_each_way_and_each_step(host: Hos
     for step in ("case directory", "spawn", "console read + scan", "removal"):
         assert step in done.stdout
     assert "run_code adds" in done.stdout and "python solution.py" in done.stdout
+
+
+def test_bench_run_code_compares_ready_guests_on_and_off_at_each_concurrency(host: Host) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--only-ready", "--cases", "6", "--start-ms", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "4. ready guests on" in done.stdout and done.stderr == ""
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("   c=")]
+    assert [row[0] for row in rows] == ["c=1,", "c=1,", "c=8,", "c=64,"]
+    for row in rows:  # 2 x (median, p99), their ratio, 2 x worker CPU, 2 x node CPU
+        assert len(row) >= 9 and all(float(figure) >= 0 for figure in row[-9:]), row

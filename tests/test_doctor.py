@@ -190,6 +190,16 @@ def test_an_oversubscribed_sizing_fails_with_the_max_concurrent_that_fits(
     _, found = run_doctor(capsys, "--max-concurrent", "1", "--num-workers", "1")
     assert found["sizing"]["status"] == "ok"
     assert found["memory"]["status"] == "fail"  # 1536 MiB of guest alone
+    assert "0 ready ones" not in found["memory"]["detail"]  # the host fixture's: none
+
+    monkeypatch.setattr(doctor, "_available_mb", lambda: 2 * (1536 + doctor.HOST_MB_PER_CASE) + 1)
+    _, found = run_doctor(capsys, "--max-concurrent", "1", "--num-workers", "2")
+    assert found["memory"]["status"] == "ok"
+    monkeypatch.setenv("VERL_HYPERLIGHT_READY_GUESTS", "8")  # one ready guest per worker more
+    _, found = run_doctor(capsys, "--max-concurrent", "1", "--num-workers", "2")
+    assert found["memory"]["status"] == "fail"
+    assert "and 2 ready ones" in found["memory"]["detail"]
+    assert found["memory"]["fix"].startswith("VERL_HYPERLIGHT_READY_GUESTS=0")
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -240,3 +241,52 @@ def test_a_notebook_keeps_its_state_across_calls_through_the_console_input() -> 
         assert "NameError" in cell("print(x)")["run_result"]["stderr"]
     finally:
         notebook.close()
+
+
+def test_a_mount_written_after_the_guest_started_is_read(tmp_path: Path) -> None:
+    """What ready guests rely on (case/ready.py): a guest that looked for a file in its mount
+    before it existed, and then blocked on its console's input, finds the file written
+    meanwhile, its whole content, and the directory's new listing."""
+    hluk = os.environ.get("HLUK_PATH") or shutil.which("hluk")
+    assert hluk is not None
+    late = tmp_path / "late"
+    late.mkdir()
+    code = (
+        "import os\n"
+        "before = os.path.exists('/late/a.txt')\n"
+        "while b'\\n' not in os.read(0, 4096): pass\n"
+        "print('seen', before, sorted(os.listdir('/late')), open('/late/a.txt').read(),"
+        " flush=True)\n"
+    )
+    proc = subprocess.Popen(
+        [hluk, "run", "--runtime", "python", "--mount", f"{late}:/late:ro", "--exec", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        time.sleep(5)  # restored, and waiting on its input
+        assert proc.poll() is None, proc.communicate()
+        (late / "a.txt").write_text("x" * 100_000)
+        (late / "b.txt").write_text("b")
+        out, err = proc.communicate(b"go\n", timeout=60)
+    finally:
+        proc.kill()
+    text = out.decode(errors="replace")
+    assert "seen False ['a.txt', 'b.txt'] " + "x" * 100_000 in text, (text[-500:], err[-2000:])
+
+
+def test_cases_in_ready_guests_answer_as_in_micro_vms_started_for_them() -> None:
+    """Cases one after another take the micro-VM started while the last ran: each answer as a
+    fresh one's, its random state its own."""
+    from verl_hyperlight.case import ready
+
+    taken = ready.taken()
+    code = "import random, sys\nprint(sys.stdin.read(), random.getrandbits(64))"
+    answers = []
+    for i in range(6):
+        answers.append(run(code, f"case{i}")["run_result"]["stdout"].split())
+        time.sleep(0.5)  # the next one's guest restores meanwhile
+    assert [words[0] for words in answers] == [f"case{i}" for i in range(6)]
+    assert len({words[1] for words in answers}) == 6
+    assert ready.taken() - taken >= 4

@@ -22,6 +22,7 @@ from hostside import KVM_FAILURE, URL, Host, fail_with, notebooks, option, proce
 from test_conformance import LIBRARIES_PYTHON_ENV, known_limits
 
 import verl_hyperlight
+from verl_hyperlight import settings
 from verl_hyperlight.commands import selftest as st
 from verl_hyperlight.commands.conformance import FAMILIES, PROGRAMS, Interpreter, load_recording
 
@@ -95,10 +96,12 @@ def test_the_known_limits_a_verdict_quotes_are_the_readmes_own_sentences() -> No
     assert quoted and [limit for limit in sorted(quoted) if limit not in said] == []
 
 
+@pytest.mark.parametrize("ready_guests", ["0", str(settings.READY_GUESTS_DEFAULT)])
 def test_selftest_agrees_on_the_stand_in_except_the_documented_divergences(
-    standin_env: dict[str, str],
+    standin_env: dict[str, str], ready_guests: str
 ) -> None:
-    done = selftest(standin_env, "--json")
+    """With each case's micro-VM started when it comes, and with ready guests (the default)."""
+    done = selftest({**standin_env, settings.READY_GUESTS.name: ready_guests}, "--json")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["ok"] is True and report["broken"] == ""

@@ -92,6 +92,16 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     return read
 
 
+def _count(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = -1
+    if number >= 0:
+        return number
+    raise ValueError("a whole number, 0 or more")
+
+
 def _text(text: str) -> str | None:
     return text or None  # set but empty: as if not set
 
@@ -122,6 +132,22 @@ WARM_UP_TIMEOUT = _seconds(
     "VERL_HYPERLIGHT_WARM_UP_TIMEOUT",
     900.0,
     "Seconds a warm-up (an image pull and the warm snapshot) may take in all.",
+)
+# The default most ready guests a worker keeps for one guest (see case/ready.py).
+READY_GUESTS_DEFAULT = 8
+READY_GUESTS = Setting(
+    "VERL_HYPERLIGHT_READY_GUESTS",
+    READY_GUESTS_DEFAULT,
+    f"{READY_GUESTS_DEFAULT}",
+    _count,
+    "The most micro-VMs a worker keeps started and waiting for their case, per guest (image "
+    "and memory size): as many as the guest's cases it ran at once lately, up to this; 0 "
+    "starts each case's micro-VM when the case arrives.",
+)
+READY_IDLE = _seconds(
+    "VERL_HYPERLIGHT_READY_IDLE",
+    60.0,
+    "Seconds a micro-VM started for a case that has not come yet waits before it is ended.",
 )
 HLUK_ENV = Setting(
     "VERL_HYPERLIGHT_HLUK_ENV",
@@ -210,6 +236,8 @@ RAY_ADDRESS = Setting(
 ALL: tuple[Setting[Any], ...] = (
     STARTUP_TIMEOUT,
     WARM_UP_TIMEOUT,
+    READY_GUESTS,
+    READY_IDLE,
     HLUK_ENV,
     SPAWN,
     CASE_DIR,

@@ -89,7 +89,12 @@ class Notebook:
             return outcome
 
         outcome = api.run_through_gate(
-            path, self.guest, notebook_code, ready, startup_timeout, START_CANCELLED, cancel=cancel
+            path,
+            self.guest,
+            lambda gate: api.fresh_run(path, self.guest, notebook_code, ready),
+            startup_timeout,
+            START_CANCELLED,
+            cancel=cancel,
         )
         if started and outcome.ending is Ending.FINISHED:
             self.process, self.calls = started[-1], 0

@@ -31,7 +31,7 @@ from ..guest import protocol
 from ..hluk import process as hluk
 from ..outcome import RawOutcome, Verdict
 from . import casedir, cluster, pytest_library, warmup
-from .guests import Guest, guest_for, hluk_argv, workload_code
+from .guests import CASE_MOUNT, Guest, guest_for, hluk_argv, workload_code
 from .response import Response, from_outcome, sandbox_error, time_limit_exceeded
 from .url import parse_url
 
@@ -40,7 +40,6 @@ logger = logging.getLogger("verl_hyperlight")
 MAX_CODE_BYTES = 16 * 1024 * 1024
 MAX_STDIN_BYTES = 256 * 1024 * 1024
 DEFAULT_RUN_TIMEOUT = 10.0
-CASE_MOUNT = "/case"
 MAX_PATH_LENGTH = 4096
 MIB = 1024 * 1024
 # Why a case its caller cancelled is answered SandboxError.
@@ -233,25 +232,18 @@ def _validate(
 def run_through_gate(
     path: str,
     guest: Guest,
-    exec_code: Callable[[str], str],
-    run: Callable[[list[str], str], RawOutcome],
+    attempt: Callable[[warmup.Gate], RawOutcome],
     startup_timeout: float,
     cancelled: str,
-    mount: str | None = None,
     cancel: threading.Event | None = None,
 ) -> RawOutcome:
     """Run `guest` with the hluk at `path` through its gate (``warmup.Gate.run_case``): each
-    attempt is the caller's `run(argv, nonce)` of the argv that runs `exec_code(nonce)`
-    (with `mount`), under a nonce of its own. The last attempt's outcome; Refused with the
-    text `cancelled` when the caller cancelled it (`cancel`, which its runs are given too),
-    whether it was running or waiting to."""
-
-    def attempt() -> RawOutcome:
-        nonce = secrets.token_hex(16)
-        return run(hluk_argv(path, guest, exec_code(nonce), mount=mount), nonce)
-
+    attempt is the caller's `attempt(gate)`, a hluk run (see `fresh_run`). The last attempt's
+    outcome; Refused with the text `cancelled` when the caller cancelled it (`cancel`, which
+    its runs are given too), whether it was running or waiting to."""
+    gate = warmup.gate(path, guest)
     try:
-        outcome = warmup.gate(path, guest).run_case(attempt, startup_timeout, cancel)
+        outcome = gate.run_case(lambda: attempt(gate), startup_timeout, cancel)
     except Cancelled:
         raise Refused(cancelled) from None
     if outcome.verdict is Verdict.CANCELLED:
@@ -259,28 +251,61 @@ def run_through_gate(
     return outcome
 
 
+def fresh_run(
+    path: str,
+    guest: Guest,
+    exec_code: Callable[[str], str],
+    run: Callable[[list[str], str], RawOutcome],
+    mount: str | None = None,
+) -> RawOutcome:
+    """A hluk run started for an attempt: the caller's `run(argv, nonce)` of the argv that runs
+    `exec_code(nonce)` in `guest` (with `mount`), under a nonce of its own."""
+    nonce = secrets.token_hex(16)
+    return run(hluk_argv(path, guest, exec_code(nonce), mount=mount), nonce)
+
+
 def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response:
+    """Run `case` through its gate: in one of its guest's ready guests, or in a micro-VM
+    started for it, whose case directory is made once, for its retry too."""
     startup_timeout = settings.STARTUP_TIMEOUT.value()
-    case_dir = casedir.make(casedir.files_of(case.code, case.stdin, case.files, case.fetch))
-    parent, mount = case_dir.parent, case_dir.mount(CASE_MOUNT)
+    files = casedir.files_of(case.code, case.stdin, case.files, case.fetch)
+    made: list[casedir.CaseDir] = []
 
-    def run(argv: list[str], nonce: str) -> RawOutcome:
-        return hluk.run(argv, nonce, case.run_timeout, startup_timeout, cwd=parent, cancel=cancel)
+    def own(meanwhile: Callable[[], None]) -> RawOutcome:
+        if not made:
+            made.append(casedir.make(files))
+        case_dir = made[0]
 
-    try:
-        outcome = run_through_gate(
+        def run(argv: list[str], nonce: str) -> RawOutcome:
+            return hluk.run(
+                argv,
+                nonce,
+                case.run_timeout,
+                startup_timeout,
+                cwd=case_dir.parent,
+                cancel=cancel,
+                meanwhile=meanwhile,
+            )
+
+        return fresh_run(
             path,
             case.guest,
             lambda nonce: workload_code(CASE_MOUNT, nonce),
             run,
-            startup_timeout,
-            CASE_CANCELLED,
-            mount=mount,
-            cancel=cancel,
+            mount=case_dir.mount(CASE_MOUNT),
+        )
+
+    def attempt(gate: warmup.Gate) -> RawOutcome:
+        return gate.ready.run_case(files, case.run_timeout, startup_timeout, cancel, own)
+
+    try:
+        outcome = run_through_gate(
+            path, case.guest, attempt, startup_timeout, CASE_CANCELLED, cancel=cancel
         )
         return response_for(outcome, path, case.run_timeout, case.fetch)
     finally:
-        case_dir.remove()
+        for case_dir in made:
+            case_dir.remove()
 
 
 def response_for(

@@ -196,6 +196,36 @@ def make(files: list[tuple[str, bytes]]) -> CaseDir:
         ) from None
 
 
+def make_empty() -> CaseDir:
+    """A new case directory, only ours and empty, for a guest started before its case (filled
+    by `fill`): made where `make` makes a small case's; OSError when it cannot be."""
+    chosen = settings.CASE_DIR.value()
+    if chosen:
+        root = os.path.abspath(chosen)
+    else:
+        root = TMPFS if _tmpfs_has_room(0) else tempfile.gettempdir()
+    return _make_in(root, [])
+
+
+def takes(made: CaseDir, size: int) -> bool:
+    """Whether a case of `size` bytes may be written into `made`, a directory of `make_empty`:
+    as `make` would place it (on the tmpfs only while that leaves it half free)."""
+    return made.parent != TMPFS or bool(settings.CASE_DIR.value()) or _tmpfs_has_room(size)
+
+
+def fill(made: CaseDir, files: list[tuple[str, bytes]]) -> CaseDir:
+    """`made`, a directory of `make_empty`, holding `files`, written in place (a guest that
+    mounted it sees them); OSError when they cannot all be written, the directory then
+    removed."""
+    filled = CaseDir(made.path, tuple(name for name, _ in files))
+    try:
+        _write_case(made.path, files)
+    except OSError:
+        filled.remove()
+        raise
+    return filled
+
+
 def _tmpfs_has_room(size: int) -> bool:
     """Whether a case of `size` bytes fits on the tmpfs and leaves it at least half free."""
     try:

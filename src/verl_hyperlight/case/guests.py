@@ -23,6 +23,8 @@ PREPARED_MODULES = (
     "threading", "time", "traceback", "types", "typing", "unicodedata", "atexit", "base64",
     "numpy", "sympy",
 )  # fmt: skip
+# Where a case's directory is mounted in its guest, read-only.
+CASE_MOUNT = "/case"
 # The guest package's modules, in the order they are loaded: the runner imports the protocol.
 GUEST_MODULES = ("protocol", "runner")
 
@@ -166,6 +168,12 @@ def _call(function: str, *args: str) -> str:
 def workload_code(case_dir: str, nonce: str) -> str:
     """hluk's --exec for one case: run the case mounted at `case_dir`."""
     return _call("main", case_dir, nonce)
+
+
+def ready_code(case_dir: str, nonce: str) -> str:
+    """hluk's --exec for a ready guest: wait for the host's line, then run the case mounted at
+    `case_dir`."""
+    return _call("ready", case_dir, nonce)
 
 
 def notebook_code(nonce: str) -> str:

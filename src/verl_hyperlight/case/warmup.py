@@ -49,6 +49,7 @@ from ..errors import (
 from ..hluk import process as hluk
 from ..outcome import Ending, RawOutcome, Verdict
 from .guests import Guest, hluk_argv, probe_code
+from .ready import ReadyGuests, end_all
 
 logger = logging.getLogger("verl_hyperlight")
 
@@ -160,6 +161,8 @@ class Gate:
         self.back_off = 0.0  # the open gate's current back-off
         self.answered_at_once = 0  # cases (not readiness checks) since the gate opened
         self.retried = CauseCounts()  # cases tried again, by the cause of their failure
+        # Its guest's micro-VMs started ahead of their cases: used only while it is closed.
+        self.ready = ReadyGuests(path, guest)
 
     def run_case(
         self,
@@ -405,6 +408,10 @@ class Gate:
             state.value,
             self.failures_in_a_row,
         )
+        if (self.state is State.CLOSED) != (state is State.CLOSED):
+            # The snapshot may be another, or hluk fails to start the guest: ready guests
+            # started so far are ended, never used.
+            self.ready.clear()
         self.state = state
 
     def _answer_at_once(self) -> FailingFast:
@@ -557,6 +564,7 @@ def forget() -> None:
     """Drop what this process knows of prepared guests (for tests and after hluk upgrades)."""
     with _registry_lock:
         _registry.clear()
+    end_all()
 
 
 class _Unlocked:

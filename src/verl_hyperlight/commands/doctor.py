@@ -384,19 +384,23 @@ def _sizing(options: Options) -> Iterator[Check]:
         guest = guest_for(options.url, options.memory_limit_mb)
     except InvalidRequest:
         return
-    need = vms * (guest.memory_mb + HOST_MB_PER_CASE)
+    # Micro-VMs started ahead of their cases (case/ready.py), per worker: memory, no CPU.
+    ready = options.num_workers * min(settings.READY_GUESTS.value(), options.max_concurrent)
+    need = vms * (guest.memory_mb + HOST_MB_PER_CASE) + ready * guest.memory_mb
     free = _available_mb()
+    counted = f"{vms} micro-VMs of {guest.memory_mb} MiB (and up to {HOST_MB_PER_CASE} MiB each "
+    counted += f"on the host) and {ready} ready ones" if ready else "on the host)"
     if free is not None and need > free:
         per_vm = guest.memory_mb + HOST_MB_PER_CASE
-        yield fail(
-            "memory",
-            f"{vms} micro-VMs of {guest.memory_mb} MiB (and up to {HOST_MB_PER_CASE} MiB each "
-            f"on the host) need {need} MiB; {free} MiB is available",
+        fix = (
             f"max_concurrent={max(free // per_vm // options.num_workers, 0)}, or a lower "
-            "memory_limit_mb",
+            "memory_limit_mb"
         )
+        if ready:
+            fix = f"{settings.READY_GUESTS.name}=0 (or 1), {fix}"
+        yield fail("memory", f"{counted} need {need} MiB; {free} MiB is available", fix)
     elif free is not None:
-        yield ok("memory", f"{need} MiB at most of {free} MiB available")
+        yield ok("memory", f"{need} MiB at most of {free} MiB available ({counted})")
 
 
 def _available_mb() -> int | None:

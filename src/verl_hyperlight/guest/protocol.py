@@ -32,6 +32,10 @@ input, and its echo (the console echoes what the guest reads) cannot make a fram
 is reported as a case is, with the call's nonce; the notebook's own nonce reports, once, that
 it is ready for calls (start, end, done).
 
+A ready guest (``runner.ready``) is a case's guest started before its case: its case
+directory is mounted while still empty, and it reads nothing of it until the host, having
+written the case there, sends GO on the console's input; it then runs the case as any other.
+
 This module is loaded into the guest with the runner (it uses nothing outside the standard
 library) and imported by the host, so both sides read the same definitions.
 """
@@ -56,6 +60,9 @@ MAX_FILES = 1000
 # What became of a file to fetch, instead of its size.
 FILE_MISSING = -1  # not a regular file in the guest
 FILE_LEFT_OUT = -2  # past FILES_OUT_LIMIT
+
+# The line that starts a ready guest's case: its files are written.
+GO = b"go"
 
 # A notebook's requests: base64 lines this long at most (far below what a terminal holds in a
 # line, 4 KiB), ended by a line of its own.

@@ -941,6 +941,27 @@ def main(case_dir: str, nonce: str) -> None:
         _os_close(fd)
 
 
+def ready(case_dir: str, nonce: str) -> None:
+    """A ready guest's workload: wait, restored, for the host's GO line on the console's input
+    (its case is written into `case_dir` by then), and run the case as `main` does. Nothing of
+    `case_dir` is read before the line: it was mounted empty, and a file being written could be
+    read half-written. Input that ends before the line ends the guest with no report."""
+    pending = b""
+    while True:
+        newline = pending.find(b"\n")
+        if newline >= 0:
+            break
+        data = _os_read(0, 4096)
+        if not data:
+            return
+        pending += data
+    if pending[:newline].strip() != protocol.GO:
+        return
+    # Import finders made before the line may have listed directories as they were then.
+    importlib.invalidate_caches()
+    main(case_dir, nonce)
+
+
 def probe(nonce: str) -> None:
     """The warm-up's workload: report an empty case, which shows that the runner is loaded in
     the snapshot and that its frames reach the host."""

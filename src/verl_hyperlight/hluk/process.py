@@ -22,6 +22,7 @@ import select
 import shutil
 import threading
 import time
+from collections.abc import Callable
 
 from .. import diagnosis, settings
 from ..guest import protocol
@@ -190,13 +191,34 @@ def run(
     cwd: str | None = None,
     cancel: threading.Event | None = None,
     stall_timeout: float | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> RawOutcome:
     """Run hluk with `argv` (in `cwd`) until the runner reports the case done, the solution
     exceeds `run_timeout` (counted from its start in the guest to its end, never the copy-out),
     nothing starts within `startup_timeout`, or `cancel` is set. With `stall_timeout`, hluk
     must also show progress before the start: a run that writes nothing for that long, other
-    than during an image pull it announced, is stopped as not started in time."""
+    than during an image pull it announced, is stopped as not started in time. `meanwhile` is
+    done once hluk is started, while it starts the guest."""
     proc = _spawn(argv, cwd)
+    if meanwhile is not None:
+        try:
+            meanwhile()
+        except BaseException:
+            proc.stop()
+            raise
+    return _run_started(proc, argv[0], nonce, run_timeout, startup_timeout, cancel, stall_timeout)
+
+
+def _run_started(
+    proc: spawn.Process,
+    path: str,
+    nonce: str,
+    run_timeout: float,
+    startup_timeout: float,
+    cancel: threading.Event | None,
+    stall_timeout: float | None = None,
+) -> RawOutcome:
+    """`run`, of a hluk started: watched from now on, and stopped at the end."""
     stderr = _Tail(HLUK_STDERR_LIMIT)
     try:
         watched = _watch(
@@ -205,7 +227,69 @@ def run(
     finally:
         # Whatever ended the watch, nothing of this group outlives the call.
         status = proc.stop()
-    return watched.outcome(argv[0], status, stderr)
+    return watched.outcome(path, status, stderr)
+
+
+class ReadyProcess:
+    """A case's hluk started before its case: its guest restores and waits (``runner.ready``)
+    for the line that `go` sends once the case is written into its mounted directory; from
+    then on it is run as `run` runs a case, to its end. Until `go`, nothing reads its pipes:
+    hluk writes nothing there while its guest waits (what it might, the pipes hold). Made and
+    handed over by one thread at a time; `stop` may come from any."""
+
+    __slots__ = ("nonce", "path", "proc", "started_at")
+
+    def __init__(self, argv: list[str], nonce: str, cwd: str | None) -> None:
+        self.path, self.nonce = argv[0], nonce
+        self.proc = _spawn(argv, cwd, stdin=True)
+        self.started_at = time.monotonic()
+
+    def up(self) -> bool:
+        """Whether hluk is still running (a poll, no wait): a guest that died while it waited
+        is not one to hand a case to."""
+        poller = select.poll()
+        poller.register(self.proc.exit_fd, self.proc.exit_events)
+        return not (poller.poll(0) and self.proc.exited())
+
+    def go(
+        self,
+        run_timeout: float,
+        startup_timeout: float,
+        cancel: threading.Event | None,
+        meanwhile: Callable[[], None],
+    ) -> RawOutcome | None:
+        """Start the case written for it, do `meanwhile` while its solution starts, and run it
+        to its end (as `run`, the start-up deadline counted from the line); None, hluk stopped,
+        when it had ended before it could take the line (nothing of the case ran)."""
+        stdin = self.proc.stdin
+        assert stdin is not None
+        try:
+            os.write(stdin, protocol.GO + b"\n")  # a pipe takes a short write whole
+        except OSError:
+            self.proc.stop()
+            return None
+        self.proc.close_stdin()  # then its input ends, as a case's from /dev/null does
+        try:
+            meanwhile()
+        except BaseException:
+            self.proc.stop()
+            raise
+        return _run_started(self.proc, self.path, self.nonce, run_timeout, startup_timeout, cancel)
+
+    def stop(self) -> None:
+        """End it, unused (once): nothing of its group outlives the call."""
+        self.proc.stop()
+
+    def forget(self) -> None:
+        """In a forked child, which must not end its parent's hluk: close the child's copies of
+        its descriptors."""
+        proc = self.proc
+        for fd in (proc.stdout, proc.stderr, proc.stdin, proc.exit_fd):
+            if fd is not None and fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 class _Deadlines:

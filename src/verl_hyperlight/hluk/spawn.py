@@ -105,6 +105,10 @@ class Process(Protocol):
     def exited(self) -> bool:
         """exit_fd was readable: whether hluk has now exited, could not start, or is lost."""
 
+    def close_stdin(self) -> None:
+        """End hluk's input (its stdin pipe, if it has one): its guest reads the end of it, as
+        from /dev/null."""
+
     def stop(self) -> int | None:
         """Kill its process group unless it has been reaped, have it reaped, close its
         descriptors; once: nothing of its group outlives the call. Its status as subprocess
@@ -237,6 +241,12 @@ class _Popened:
     def exited(self) -> bool:
         return True
 
+    def close_stdin(self) -> None:
+        with self._lock:
+            if self.stdin is not None and not self._stopped:
+                os.close(self.stdin)
+                self.stdin = None
+
     def stop(self) -> int | None:
         with self._lock:
             if self._stopped:
@@ -287,6 +297,12 @@ class _Spawned:
     def exited(self) -> bool:
         self._read()
         return self._ended
+
+    def close_stdin(self) -> None:
+        with self._lock:
+            if self.stdin is not None and not self._stopped:
+                os.close(self.stdin)
+                self.stdin = None
 
     def _read(self) -> None:
         """Read what the status pipe holds, to its end if it has ended."""

@@ -1,0 +1,405 @@
+"""Ready guests: a case's micro-VM started, and restored, before its case arrives.
+
+hluk's start (a new process, the snapshot loaded and restored: 6.5-9 ms on a real node) is most
+of a trivial case's time. So a worker keeps a few of its guests' hluks started ahead, each with
+a case directory of its own mounted while still empty, its runner waiting on the console's
+input (``runner.ready``). A case that finds one writes its files into that directory, sends the
+line, and its solution starts at once; that guest runs that one case and ends, as every case's
+does, so nothing passes from one case to another.
+
+Why the case runs as it would in a micro-VM started for it (hyperlight-unikraft's source, as of
+0.17, in the note of issue 26): a ``--mount`` is a live view, each guest file operation its own
+host call, with no cache of a lookup that failed nor of a directory's listing, so files written
+after the guest started are seen; hluk opens the mounted directory once, as it starts, so the
+directory exists before hluk starts and is filled in place. The runner reads nothing of it
+before its line, empties the import system's caches after it, and reseeds ``random`` as a case
+does (the kernel reseeds its own generator at the restore). A guest blocked on its console's
+input is inside a host call: it costs no CPU, hluk's deadlock check does not run, and hluk has
+no limit on that wait; each one holds its micro-VM's memory while it waits.
+
+The rules that keep this the one path: a case passes its guest's gate first, as every case
+does, and only then takes a ready guest; the gate ends every ready guest whenever it leaves or
+enters its closed state (the snapshot may have been replaced, or hluk fails to start guests),
+so none is used across a re-warm, nor while the gate fails cases fast. A ready guest that died
+while it waited is ended and passed over; the case finds another or starts its own, its death
+charged to no case. Each gate keeps at most ``VERL_HYPERLIGHT_READY_GUESTS``, and no more than
+its guest's cases in flight at once lately; one that waits past ``VERL_HYPERLIGHT_READY_IDLE``
+is ended by the keeper thread. A forked child knows none of its parent's; a worker that dies
+takes them with it, as it takes every hluk it started (``hluk.spawn``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from .. import settings
+from ..errors import BackendError, CauseCounts
+from ..hluk import process as hluk
+from ..outcome import Ending, RawOutcome, Verdict
+from . import casedir
+from .guests import CASE_MOUNT, Guest, hluk_argv, ready_code
+
+logger = logging.getLogger("verl_hyperlight")
+
+# How many guests one case starts at most, in its place and to follow a rising demand: a case
+# spends on its own path what starting them costs the worker (a spawn each).
+STARTED_PER_CASE = 2
+
+
+def _start_key() -> tuple[object, ...]:
+    """What a guest's start was made under, of what may change between two cases: hluk's
+    environment, and the settings that place its case directory and start it. A ready guest
+    started under another is not used: a change counts from the next case on."""
+    return (hluk.environment(), settings.CASE_DIR.value(), settings.SPAWN.value())
+
+
+class _Ready:
+    """A ready guest: its hluk, waiting, its case directory, empty, and what it was started
+    under (see _start_key)."""
+
+    __slots__ = ("case_dir", "key", "process")
+
+    def __init__(
+        self, process: hluk.ReadyProcess, case_dir: casedir.CaseDir, key: tuple[object, ...]
+    ) -> None:
+        self.process, self.case_dir, self.key = process, case_dir, key
+
+    def end(self) -> None:
+        """End it, unused: its hluk stopped, its directory removed."""
+        try:
+            self.process.stop()
+        finally:
+            self.case_dir.remove()
+
+
+class ReadyGuests:
+    """One gate's ready guests: of its guest, on its hluk. Changed under `_lock`, held for a few
+    operations on the deque: starting and ending guests (a spawn, a kill and its reaping) is
+    done outside it."""
+
+    def __init__(self, path: str, guest: Guest) -> None:
+        self.path, self.guest = path, guest
+        self._lock = threading.Lock()
+        self._waiting: deque[_Ready] = deque()  # the oldest first
+        self._starting = 0  # being started, not in _waiting yet
+        # Bumped by `clear`: guests started for a generation that has ended are not kept.
+        self.generation = 0
+        self._in_flight = 0  # the guest's cases running now
+        self._peak = 0  # the most at once since the demand last fell (see expire)
+        self.started = CauseCounts()  # why ready guests could not be started, said once
+        # Cases run in a ready guest, and ready guests found dead (read without the lock).
+        self.taken = self.died = 0
+
+    def run_case(
+        self,
+        files: list[tuple[str, bytes]],
+        run_timeout: float,
+        startup_timeout: float,
+        cancel: threading.Event | None,
+        own: Callable[[Callable[[], None]], RawOutcome],
+    ) -> RawOutcome:
+        """Run the case of `files` in a ready guest, or else by `own` (which starts the case's
+        hluk and calls what it is given once hluk is started), starting guests meanwhile in the
+        place of the one taken, and for a demand that rose."""
+        limit = settings.READY_GUESTS.value()
+        if limit == 0:
+            self.clear()
+            return own(_nothing)
+        with self._lock:
+            self._in_flight += 1
+            self._peak = max(self._peak, self._in_flight)
+            generation = self.generation
+
+        def start_more() -> None:
+            self._start_more(generation, limit)
+
+        try:
+            outcome = self._run_in_one(files, run_timeout, startup_timeout, cancel, start_more)
+            # None: none was ready, or the one taken ended before its line (nothing of the
+            # case ran in it, and nothing is charged to the case).
+            return own(start_more) if outcome is None else outcome
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _run_in_one(
+        self,
+        files: list[tuple[str, bytes]],
+        run_timeout: float,
+        startup_timeout: float,
+        cancel: threading.Event | None,
+        start_more: Callable[[], None],
+    ) -> RawOutcome | None:
+        taken = self._take(sum(len(data) for _, data in files), _start_key())
+        if taken is None:
+            return None
+        try:
+            filled = casedir.fill(taken.case_dir, files)
+        except OSError:
+            taken.process.stop()  # its directory was removed with what was written
+            return None
+        try:
+            outcome = taken.process.go(run_timeout, startup_timeout, cancel, start_more)
+        finally:
+            filled.remove()
+        if outcome is not None and _ended_unstarted(outcome):
+            # It died waiting, unseen (between the look and the line), or taking the line:
+            # nothing of the case ran, and the case's own start shows what hluk does now.
+            self._say_died(outcome.hluk_error)
+            outcome = None
+        with self._lock:
+            if outcome is None:
+                self.died += 1
+            else:
+                self.taken += 1
+        return outcome
+
+    def _take(self, size: int, key: tuple[object, ...]) -> _Ready | None:
+        """The oldest ready guest still up, started under `key`, whose directory takes a case
+        of `size` bytes (the ones found dead, or started under another key, are ended); None
+        if there is none."""
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    return None
+                taken = self._waiting.popleft()
+            if taken.key != key:
+                _keeper.end([taken])
+                continue
+            if not casedir.takes(taken.case_dir, size):
+                with self._lock:
+                    self._waiting.appendleft(taken)  # for a smaller case
+                return None
+            if taken.process.up():
+                return taken
+            with self._lock:
+                self.died += 1
+            self._say_died("")
+            taken.end()
+
+    def _say_died(self, error: str) -> None:
+        """A ready guest found dead: said once per hluk error (hluk's own word on why), at
+        DEBUG when it had none (killed from outside)."""
+        if error and self.started.first(f"died {error}"):
+            logger.warning(
+                "verl-hyperlight: a micro-VM of %s started ahead of its case ended before the "
+                "case could start (%s); the case started its own",
+                self.guest.image.label,
+                error,
+            )
+        else:
+            logger.debug("verl-hyperlight: a ready guest of %s died", self.guest.image.label)
+
+    def _start_more(self, generation: int, limit: int) -> None:
+        """Start guests up to what the demand asks for (the most cases in flight at once
+        lately, at most `limit`), STARTED_PER_CASE at most; none once `generation` has ended.
+        A failure to start one is said once per cause and fails no case."""
+        for _ in range(STARTED_PER_CASE):
+            with self._lock:
+                wanted = min(limit, self._peak)
+                if generation != self.generation or len(self._waiting) + self._starting >= wanted:
+                    return
+                self._starting += 1
+            ready: _Ready | None = None
+            try:
+                ready = self._start()
+            except (OSError, BackendError) as exc:
+                if self.started.first(f"{type(exc).__name__} {getattr(exc, 'errno', '')}"):
+                    logger.warning(
+                        "verl-hyperlight: a micro-VM of %s could not be started ahead of its "
+                        "case (%s); cases start their own meanwhile",
+                        self.guest.image.label,
+                        exc,
+                    )
+                return
+            finally:
+                with self._lock:
+                    self._starting -= 1
+                    if ready is not None and generation == self.generation:
+                        self._waiting.append(ready)
+                        ready = None
+            if ready is not None:
+                ready.end()
+                return
+            _keeper.watch(self, time.monotonic() + settings.READY_IDLE.value())
+
+    def _start(self) -> _Ready:
+        key = _start_key()
+        case_dir = casedir.make_empty()
+        nonce = secrets.token_hex(16)
+        argv = hluk_argv(
+            self.path,
+            self.guest,
+            ready_code(CASE_MOUNT, nonce),
+            mount=case_dir.mount(CASE_MOUNT),
+        )
+        try:
+            return _Ready(hluk.ReadyProcess(argv, nonce, case_dir.parent), case_dir, key)
+        except BaseException:
+            case_dir.remove()
+            raise
+
+    def clear(self, wait: bool = False) -> None:
+        """End every ready guest, and those being started as they come: the gate has moved (its
+        snapshot may be another, or hluk fails to start it), or they are turned off. By the
+        keeper, or here with `wait`."""
+        with self._lock:
+            self.generation += 1
+            ended, self._waiting = self._waiting, deque()
+        if wait:
+            for ready in ended:
+                ready.end()
+        else:
+            _keeper.end(ended)
+
+    def expire(self, now: float, idle: float) -> float | None:
+        """Hand the keeper the guests that have waited `idle` seconds by `now`, to end; when the
+        next one will have (None: none waits)."""
+        with self._lock:
+            expired = []
+            while self._waiting and self._waiting[0].process.started_at + idle <= now:
+                expired.append(self._waiting.popleft())
+            if expired:
+                self._peak = self._in_flight  # the demand fell: follow it from where it is
+            next_at = self._waiting[0].process.started_at + idle if self._waiting else None
+        _keeper.end(expired)
+        return next_at
+
+    def count(self) -> int:
+        """How many guests wait for a case now."""
+        with self._lock:
+            return len(self._waiting)
+
+    def forget_in_child(self) -> None:
+        """In a forked child: let go of the parent's guests (their descriptors closed, their
+        hluks left to the parent) and know of none."""
+        for ready in self._waiting:
+            ready.process.forget()
+        self._waiting = deque()
+        self._lock = threading.Lock()
+        self._starting = self._in_flight = self._peak = 0
+
+
+def _ended_unstarted(outcome: RawOutcome) -> bool:
+    """Whether a ready guest's run ended, its hluk gone, before its solution started (not a
+    start that took too long: that one is the case's, as any case's start)."""
+    return (
+        outcome.verdict is Verdict.BACKEND_BEFORE_START
+        and outcome.ending is not Ending.STARTUP_TIMEOUT
+    )
+
+
+def _nothing() -> None:
+    """Nothing to start."""
+
+
+class _Keeper:
+    """The thread that ends ready guests: those that waited past the idle limit, and those
+    their gate let go of (ending one waits for its hluk to be reaped, which no case should).
+    One per process, a daemon started with the first ready guest; it sleeps until the next
+    guest is due, or it is handed guests to end, or a guest comes while it sleeps with none
+    sooner than the keeper would wake."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._woken = threading.Condition(self._lock)
+        self._pools: set[ReadyGuests] = set()
+        self._to_end: list[_Ready] = []
+        self._thread: threading.Thread | None = None
+        self._due: float | None = None  # when it wakes next (None: only when woken)
+        self._news = 0  # guests started since it last looked
+
+    def watch(self, pool: ReadyGuests, due: float) -> None:
+        """Keep an eye on `pool`, which has one more guest, to be ended at `due`: the keeper
+        is woken when it would sleep past that."""
+        with self._lock:
+            self._pools.add(pool)
+            self._news += 1
+            if self._due is None or due < self._due:
+                self._woken.notify()
+            self._ensure_running()
+
+    def end(self, ready: deque[_Ready] | list[_Ready]) -> None:
+        """End these guests, from the keeper's thread."""
+        if not ready:
+            return
+        with self._lock:
+            self._to_end.extend(ready)
+            self._ensure_running()
+            self._woken.notify()
+
+    def drain(self) -> None:
+        """End here the guests handed to the keeper and not ended yet."""
+        with self._lock:
+            to_end, self._to_end = self._to_end, []
+        for ready in to_end:
+            ready.end()
+
+    def pools(self) -> list[ReadyGuests]:
+        with self._lock:
+            return list(self._pools)
+
+    def _ensure_running(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="verl-hyperlight-ready-guests", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._to_end and not self._news:
+                    wait = None if self._due is None else max(0.0, self._due - time.monotonic())
+                    self._woken.wait(wait)
+                to_end, self._to_end = self._to_end, []
+                pools, self._news = list(self._pools), 0
+            for ready in to_end:
+                try:
+                    ready.end()
+                except Exception:  # one guest's end must not stop the keeper
+                    logger.exception("verl-hyperlight: ending a ready guest failed")
+            now, idle = time.monotonic(), settings.READY_IDLE.value()
+            upcoming = [at for pool in pools if (at := pool.expire(now, idle)) is not None]
+            with self._lock:
+                self._due = min(upcoming) if upcoming else None
+
+    def forget_in_child(self) -> None:
+        for pool in self._pools:
+            pool.forget_in_child()
+        for ready in self._to_end:
+            ready.process.forget()
+        self._lock = threading.Lock()
+        self._woken = threading.Condition(self._lock)
+        self._pools, self._to_end, self._thread = set(), [], None
+        self._due, self._news = None, 0
+
+
+_keeper = _Keeper()
+
+
+def end_all() -> None:
+    """End every ready guest of this process, and wait until they are (warmup.forget: for
+    tests, after an upgrade)."""
+    for pool in _keeper.pools():
+        pool.clear(wait=True)
+    _keeper.drain()
+
+
+def waiting() -> int:
+    """How many ready guests this process holds now."""
+    return sum(pool.count() for pool in _keeper.pools())
+
+
+def taken() -> int:
+    """How many of this process's cases have run in a ready guest."""
+    return sum(pool.taken for pool in _keeper.pools())
+
+
+os.register_at_fork(after_in_child=_keeper.forget_in_child)

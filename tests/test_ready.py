@@ -1,0 +1,328 @@
+"""Ready guests (case/ready.py): a case's micro-VM started before the case arrives, against the
+stand-in, whose mounts are bind mounts (a live view, as hluk's are) and whose start (bubblewrap
+and an interpreter) is spent before the case comes, as hluk's restore is."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hostside import (
+    URL,
+    Host,
+    fail_with,
+    option,
+    processes_with,
+    result,
+    sandbox_error,
+    wait_for,
+)
+
+from verl_hyperlight import settings
+from verl_hyperlight.case import api, ready, warmup
+from verl_hyperlight.case.guests import guest_for
+from verl_hyperlight.hluk.process import hluk_path
+
+# A case whose answer shows its input, its files, its own random draw and its exit.
+CASE = textwrap.dedent(
+    """
+    import os, random, sys
+    data = sys.stdin.read()
+    print("stdin", data.strip())
+    print("file", open("in/a.txt").read())
+    open("out.txt", "w").write(data.upper())
+    print("random", random.random())
+    print("cwd", os.getcwd(), sorted(os.listdir(".")))
+    print("to stderr", file=sys.stderr)
+    sys.exit(3)
+    """
+)
+FILES = {"in/a.txt": "aGVsbG8="}  # "hello"
+
+
+@pytest.fixture
+def on(host: Host, monkeypatch: pytest.MonkeyPatch) -> Host:
+    """The host fixture with ready guests on, at most four per guest."""
+    monkeypatch.setenv(settings.READY_GUESTS.name, "4")
+    return host
+
+
+def pool(memory: object = None) -> ready.ReadyGuests:
+    """The ready guests of the python guest (of `memory`) on the stand-in."""
+    return warmup.gate(hluk_path(), guest_for(URL, memory)).ready
+
+
+def case(stdin: str, memory: object = None) -> dict[str, object]:
+    response, error = api.run_code(
+        URL, CASE, stdin, None, 10, memory, files=FILES, fetch_files=["out.txt"]
+    )
+    assert error is None and response is not None, error
+    return response
+
+
+def ready_runs(host: Host) -> list[list[str]]:
+    return [argv for argv in host.runs() if ".ready(" in (option(argv, "--exec") or "")]
+
+
+def ready_hluks(host: Host) -> list[int]:
+    """The stand-in hluks waiting as ready guests of this test (their case directories are in
+    its tmpfs): the hluk itself, not the bwrap and guest below it."""
+    return [
+        pid
+        for pid in processes_with(str(host.tmpfs))
+        if b".ready(" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        and b"/standin/hluk\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
+def waiting_for(count: int, memory: object = None) -> None:
+    assert wait_for(lambda: pool(memory).count() == count), pool(memory).count()
+
+
+def comparable(response: dict[str, object]) -> tuple[object, ...]:
+    """A response less what differs between any two runs: times, and the random draw."""
+    status, run_status, code, stdout, stderr = result(response)  # type: ignore[arg-type]
+    lines = [line for line in stdout.splitlines() if not line.startswith("random ")]
+    return status, run_status, code, lines, stderr, response["files"]
+
+
+def test_a_case_in_a_ready_guest_answers_as_in_one_started_for_it(
+    on: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = case("one")  # starts its own, and one in its place for the next
+    waiting_for(1)
+    before = pool().taken
+    second = case("two")
+    assert pool().taken == before + 1
+    assert comparable(second) == comparable(case("two")) != comparable(first)
+    monkeypatch.setenv(settings.READY_GUESTS.name, "0")
+    warmup.forget()
+    off = case("two")
+    assert pool().taken == 0 and pool().count() == 0
+    assert comparable(off) == comparable(second)
+    status, run_status, code, stdout, stderr = result(second)  # type: ignore[arg-type]
+    assert (status, run_status, code) == ("Failed", "Finished", 3)
+    assert "stdin two\nfile hello\n" in stdout and stderr == "to stderr\n"
+    assert second["files"] == {"out.txt": "VFdP"}  # "TWO"
+
+
+def test_each_guest_draws_its_own_random_state_after_its_line(on: Host) -> None:
+    draws = set()
+    case("warm")
+    for _ in range(5):
+        waiting_for(1)
+        stdout = result(case("x"))[3]
+        draws.add(next(line for line in stdout.splitlines() if line.startswith("random ")))
+    assert pool().taken >= 5 and len(draws) == 5
+
+
+def test_the_case_files_are_written_after_the_guest_started_and_read_live(on: Host) -> None:
+    case("warm")
+    waiting_for(1)
+    (waiting,) = ready_runs(on)[-1:]
+    mount = option(waiting, "--mount")
+    assert mount is not None
+    directory = Path(mount.split(":")[0])
+    assert directory.is_dir() and list(directory.iterdir()) == []  # mounted empty
+    assert result(case("late"))[3].startswith("stdin late\nfile hello\n")
+    assert not directory.exists()  # removed with its case
+
+
+def test_ready_guests_follow_the_demand_up_to_the_limit(on: Host) -> None:
+    case("warm")
+    waiting_for(1)
+    most = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            most[0] = max(most[0], pool().count())
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(8) as threads:
+            answers = list(threads.map(lambda i: result(case(str(i)))[3], range(24)))
+    finally:
+        stop.set()
+        sampler.join()
+    assert all(text.startswith(f"stdin {i}\n") for i, text in enumerate(answers))
+    assert 1 < most[0] <= 4  # rose with the demand, never past the limit
+    assert pool().taken > 0
+
+
+def test_each_guest_kind_and_size_has_ready_guests_of_its_own(on: Host) -> None:
+    for memory in (None, 1024):
+        case("warm", memory)
+        waiting_for(1, memory)
+    pytest_url = api.run_code(URL, "def test_x():\n    pass\n", None, None, 10, None, "pytest")
+    assert pytest_url[0] is not None and pytest_url[0]["status"] == "Success", pytest_url
+    runs = ready_runs(on)
+    assert sorted(option(argv, "--scratch-mb") or "default" for argv in runs) == [
+        "1536",
+        "default",
+        "default",
+    ]
+    (pytest_ready,) = [argv for argv in runs if argv.count("--mount") == 2]
+    assert "prepare_pytest" in (option(pytest_ready, "--warm-exec") or "")
+    # One taken by its own kind only: the python guest's is still there after pytest's case.
+    assert pool().count() == 1 and pool(1024).count() == 1
+
+
+def test_a_re_warm_ends_the_ready_guests_and_none_is_used_after_it(on: Host) -> None:
+    case("warm")
+    waiting_for(1)
+    (old,) = ready_hluks(on)
+    taken = pool().taken
+    subprocess.run([hluk_path(), "cache", "clean", "--snapshots"], check=True, capture_output=True)
+    assert result(case("after"))[3].startswith("stdin after\n")
+    assert pool().taken == taken  # the case ran in a hluk started after the re-warm
+    assert wait_for(lambda: old not in ready_hluks(on))
+    assert len(on.warm_ups()) == 2
+
+
+def test_a_ready_guest_that_died_waiting_is_passed_over_and_charged_to_no_case(
+    on: Host, caplog: pytest.LogCaptureFixture
+) -> None:
+    case("warm")
+    waiting_for(1)
+    (waiting,) = ready_hluks(on)
+    os.killpg(waiting, signal.SIGKILL)
+    assert wait_for(lambda: waiting not in ready_hluks(on))
+    gate = warmup.gate(hluk_path(), guest_for(URL, None))
+    caplog.set_level(logging.WARNING, "verl_hyperlight")
+    assert result(case("next"))[3].startswith("stdin next\n")
+    assert pool().died == 1 and gate.failures_in_a_row == 0
+    assert gate.state is warmup.State.CLOSED and caplog.records == []
+    waiting_for(1)  # replaced
+
+
+def test_a_gate_that_opens_ends_its_ready_guests_and_starts_none_while_open(
+    on: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
+) -> None:
+    case("warm")
+    waiting_for(1)
+    (waiting,) = ready_hluks(on)
+    subprocess.run([hluk_path(), "cache", "clean", "--snapshots"], check=True, capture_output=True)
+    fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 100)
+    for _ in range(warmup.OPEN_AFTER + 1):
+        assert "/dev/kvm" in sandbox_error(case("x"))
+    gate = warmup.gate(hluk_path(), guest_for(URL, None))
+    assert gate.state is warmup.State.OPEN
+    assert wait_for(lambda: waiting not in ready_hluks(on))
+    started = len(ready_runs(on))
+    assert "answered at once" in sandbox_error(case("y"))
+    assert len(ready_runs(on)) == started and pool().count() == 0
+
+
+def test_a_change_of_hluks_environment_counts_from_the_next_case(
+    on: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    case("warm")
+    waiting_for(1)
+    (before,) = ready_hluks(on)
+    # hluk's environment now names another argv log: the case's hluk must write there.
+    changed = Host(on.cache, tmp_path / "changed.jsonl", on.tmpdir, on.tmpfs)
+    monkeypatch.setenv("HLUK_STANDIN_ARGV_LOG", str(changed.argv_log))
+    assert result(case("x"))[3].startswith("stdin x\n")
+    execs = [option(argv, "--exec") or "" for argv in changed.runs()]
+    assert pool().taken == 0 and any(".main(" in code for code in execs), execs
+    assert wait_for(lambda: before not in ready_hluks(on))
+
+
+def test_a_cancelled_case_in_a_ready_guest_kills_it(on: Host) -> None:
+    case("warm")
+    waiting_for(1)
+    (waiting,) = ready_hluks(on)
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    response, error = api.run_code(
+        URL, "import time\ntime.sleep(60)", None, None, 100, None, cancel=cancel
+    )
+    assert error is None and response is not None
+    assert api.CASE_CANCELLED in sandbox_error(response)
+    assert pool().taken == 1
+    assert wait_for(lambda: waiting not in processes_with(str(on.tmpfs)))
+
+
+def test_ready_guests_that_wait_past_the_idle_limit_are_ended(
+    on: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(settings.READY_IDLE.name, "1")
+    case("warm")
+    waiting_for(1)
+    (waiting,) = ready_hluks(on)
+    assert wait_for(lambda: pool().count() == 0 and waiting not in ready_hluks(on), 15)
+    assert wait_for(lambda: on.case_dirs() == [])
+
+
+def test_off_starts_none(host: Host) -> None:
+    assert settings.READY_GUESTS.value() == 0  # the host fixture's
+    for stdin in ("a", "b"):
+        assert result(case(stdin))[3].startswith(f"stdin {stdin}\n")
+    assert ready_runs(host) == [] and ready.waiting() == 0
+
+
+def test_sixty_four_cases_at_once_with_four_ready_guests(on: Host) -> None:
+    case("warm")
+    with ThreadPoolExecutor(64) as threads:
+        answers = list(threads.map(lambda i: result(case(str(i))), range(64)))
+    for i, (status, run_status, code, stdout, _) in enumerate(answers):
+        assert (status, run_status, code) == ("Failed", "Finished", 3)
+        assert stdout.startswith(f"stdin {i}\nfile hello\n")
+    assert pool().count() <= 4 and len(ready_hluks(on)) <= 4
+    warmup.forget()  # ends them, and waits
+    assert ready_hluks(on) == [] and on.case_dirs() == []
+
+
+def test_a_forked_child_uses_none_of_its_parents(on: Host) -> None:
+    case("warm")
+    waiting_for(1)
+    (waiting,) = ready_hluks(on)
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's exit status is the test
+        ok = ready.waiting() == 0 and result(case("child"))[3].startswith("stdin child\n")
+        os._exit(0 if ok and pool().taken == 0 else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert waiting in ready_hluks(on) and pool().count() == 1
+    assert result(case("parent"))[3].startswith("stdin parent\n") and pool().taken == 1
+
+
+WORKER = """
+import os, sys, time
+from verl_hyperlight import run_code
+from verl_hyperlight.case import ready
+response, error = run_code("hyperlight://", "print(1)", None, None, 10, None)
+assert error is None and response["status"] == "Success", (response, error)
+while ready.waiting() == 0:
+    time.sleep(0.05)
+print("waiting", flush=True)
+time.sleep(600)
+"""
+
+
+def test_none_is_left_after_the_worker_is_killed(on: Host) -> None:
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(on.tmpdir), settings.CASE_DIR.name: str(on.tmpfs)},
+    )
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == b"waiting\n"
+        assert ready_hluks(on) != []
+    finally:
+        worker.kill()
+        worker.wait()
+    assert wait_for(lambda: processes_with(str(on.tmpfs)) == [], 15)
+    assert wait_for(lambda: on.case_dirs() == [], 15)  # the worker's cleaner removed them
