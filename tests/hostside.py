@@ -208,6 +208,23 @@ def processes_with(text: str, exclude: tuple[int, ...] = ()) -> list[int]:
     return found
 
 
+def left_running(text: str, limit: float = 10.0) -> list[str]:
+    """The processes whose command line contains `text` still there after at most `limit`
+    seconds, each as its /proc stat line (state and parent): none, once each case's hluk is
+    reaped, but for a moment. The stand-in's guest sandbox (bwrap's inner process, a session of
+    its own, as a guest is no process of the host's on hluk) is not in hluk's group: it ends
+    by its parent-death signal once hluk's group is killed, which a loaded machine can take
+    a moment to deliver and the sandbox to tear down."""
+    wait_for(lambda: not processes_with(text), limit)
+    found = []
+    for pid in processes_with(text):
+        try:
+            found.append(Path(f"/proc/{pid}/stat").read_text()[:200])
+        except OSError:
+            continue
+    return found
+
+
 def parent_of(pid: int) -> int | None:
     """The parent of `pid`; None once it has ended."""
     try:

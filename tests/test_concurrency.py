@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-from hostside import Host, Usage, processes_with, result, run
+from hostside import Host, Usage, left_running, result, run
 
 Expected = Callable[[str], tuple[object, ...]]
 # (solution, run_timeout, the answer for stdin `token`): correct, wrong, runtime error, an exit
@@ -64,6 +63,6 @@ def test_run_code_from_32_threads_answers_each_case_with_its_own_result(host: Ho
     leaked = Usage.now(host).minus(before)
     print(f"\n{len(cases)} cases from 32 threads in {wall:.1f} s; leaked: {leaked}")
     assert leaked == Usage(descriptors=0, threads=0, children=0, case_dirs=0)
-    left = processes_with(str(host.tmpdir))
-    # Named with its state and command line when it fails (seen once in CI, not understood).
-    assert not left, [Path(f"/proc/{pid}/stat").read_text()[:200] for pid in left]
+    # Seen in CI at b39dd78 and e3872b7: the stand-in's inner bwrap, its parent init, running
+    # (ending) just after the cases.
+    assert left_running(str(host.tmpdir)) == []

@@ -13,7 +13,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from hostside import Host, Usage, processes_with, result, run, sandbox_error, wait_for
+from hostside import (
+    Host,
+    Usage,
+    left_running,
+    processes_with,
+    result,
+    run,
+    sandbox_error,
+    wait_for,
+)
 
 from verl_hyperlight.guest.protocol import OUTPUT_LIMIT_STATUS
 from verl_hyperlight.hluk import process as _hluk
@@ -304,7 +313,7 @@ def test_a_hostile_solution_affects_only_its_own_result(
     assert after.usage.minus(before.usage) == Usage(0, 0, 0, 0)
     assert after.rss - before.rss < RSS_TOLERANCE
     assert wait_for(lambda: not processes_with(listening)), processes_with(listening)
-    assert not processes_with(str(host.tmpdir))
+    assert left_running(str(host.tmpdir)) == []
 
 
 def test_forged_frames_on_stdout_come_back_as_its_output_byte_for_byte(host: Host) -> None:

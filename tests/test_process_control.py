@@ -18,6 +18,7 @@ from hostside import (
     Host,
     Usage,
     descendants_of,
+    left_running,
     processes_with,
     result,
     run,
@@ -127,7 +128,7 @@ def test_nothing_is_left_behind_after_many_cases_including_failures(
     leaked = Usage.now(host).minus(before)
     print(f"\nleaked after {len(cases) + 3} cases: {leaked}")
     assert leaked == Usage(descriptors=0, threads=0, children=0, case_dirs=0)
-    assert not processes_with(str(host.tmpdir))
+    assert left_running(str(host.tmpdir)) == []
 
 
 def test_a_guest_death_is_answered_when_hluk_exits_though_a_descendant_holds_its_pipes(
