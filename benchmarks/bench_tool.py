@@ -13,7 +13,10 @@ with `session: trajectory` (in-process only: a Sandbox Fusion service keeps no s
 the concurrent calls belongs to a trajectory of its own whose notebook is up (started by a
 first call outside the figures), so a call is one request to a live micro-VM.
 
-Usage: python benchmarks/bench_tool.py [--calls N] [--standin-calls N]
+Then stateless in-process calls with ready guests (case/ready.py) off and on, alternated,
+against a double whose start costs what a new hluk's does (--start-ms, 7 by default).
+
+Usage: python benchmarks/bench_tool.py [--calls N] [--standin-calls N] [--only-ready]
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_run_code import EXPECTED, instant_hluk, standin_environment
+from bench_run_code import EXPECTED, READY_ENV, calibrated_double, instant_hluk, standin_environment
 from bench_serve import p, start_server
 
 from verl_hyperlight.agent.calls import CodeRunner, ServiceCall, ToolSettings
@@ -127,6 +130,43 @@ def table(label: str, calls: int, base: str, http: ServiceCall) -> None:
             )
 
 
+def ready_table(scratch: Path, calls: int, start_ms: float, http: ServiceCall) -> None:
+    """Stateless in-process calls with ready guests off and on (the default), alternated, on
+    a double whose start costs what a new hluk's does."""
+    double, spent = calibrated_double(scratch, start_ms)
+    environment = {"HLUK_PATH": str(double), "HLUK_CACHE_DIR": str(scratch / "ready-cache")}
+    saved = {name: os.environ.get(name) for name in (*environment, READY_ENV)}
+    os.environ.update(environment)
+    print(
+        f"\nready guests off ({READY_ENV}=0) and on (unset), stateless in-process calls, a "
+        f"double whose start costs {spent:.1f} ms of CPU; {calls} calls per figure"
+    )
+    print(f"{'':8}{'off p50':>9}{'p99':>9}{'on p50':>9}{'p99':>9}{'on/off p50':>12}")
+    try:
+        for level in LEVELS:
+            found: dict[str, list[float]] = {"0": [], "": []}
+            for _ in range(2):  # off, on, off, on
+                for setting in found:
+                    if setting:
+                        os.environ[READY_ENV] = setting
+                    else:
+                        os.environ.pop(READY_ENV, None)
+                    found[setting] += measure("hyperlight://", level, max(calls, level) // 2, http)[
+                        1
+                    ]
+            off, on = found["0"], found[""]
+            print(
+                f"  c={level:<3} {p(off, 50):9.2f}{p(off, 99):9.2f}{p(on, 50):9.2f}{p(on, 99):9.2f}"
+                f"{p(on, 50) / p(off, 50):12.2f}"
+            )
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def with_backend(environment: dict[str, str], body: Callable[[str], None], scratch: Path) -> None:
     """Run `body` with this process and a server of its own on the backend `environment`."""
     saved = {name: os.environ.get(name) for name in environment}
@@ -153,11 +193,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=256, help="calls per figure (the double)")
     parser.add_argument("--standin-calls", type=int, default=64, help="calls per figure (stand-in)")
+    parser.add_argument(
+        "--start-ms", type=float, default=7.0, help="the CPU a double's start costs (ready guests)"
+    )
+    parser.add_argument("--only-ready", action="store_true", help="ready guests on and off only")
     args = parser.parse_args()
     http, client = service()
     scratch = Path(tempfile.mkdtemp(prefix="verl-hyperlight-bench-"))
     try:
         print(f"{os.cpu_count()} CPUs; serve's calls through {client}")
+        if args.only_ready:
+            ready_table(scratch, args.calls, args.start_ms, http)
+            return
         double = {
             "HLUK_PATH": str(instant_hluk(scratch)),
             "HLUK_CACHE_DIR": str(scratch / "cache"),
@@ -172,6 +219,7 @@ def main() -> None:
             lambda base: table("stand-in hluk", args.standin_calls, base, http),
             scratch,
         )
+        ready_table(scratch, args.calls, args.start_ms, http)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -54,3 +54,18 @@ def test_bench_run_code_compares_ready_guests_on_and_off_at_each_concurrency(hos
     assert [row[0] for row in rows] == ["c=1,", "c=1,", "c=8,", "c=64,"]
     for row in rows:  # 2 x (median, p99), their ratio, 2 x worker CPU, 2 x node CPU
         assert len(row) >= 9 and all(float(figure) >= 0 for figure in row[-9:]), row
+
+
+def test_bench_tool_compares_ready_guests_on_and_off_at_each_concurrency(host: Host) -> None:
+    tool = BENCH.parent / "bench_tool.py"
+    done = subprocess.run(
+        [sys.executable, str(tool), "--only-ready", "--calls", "8", "--start-ms", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("  c=")]
+    assert [row[0] for row in rows] == ["c=1", "c=8", "c=64"]
+    assert all(len(row) == 6 and float(row[-1]) > 0 for row in rows), rows
