@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..case import api, warmup
+from ..case import api, ready, warmup
 from ..case.guests import guest_for
 from ..errors import BackendError, InvalidRequest
 from ..hluk import process as hluk
@@ -316,13 +316,15 @@ class Server:
     async def stop(self) -> None:
         """The last step of stopping: cancel what still runs (its micro-VM killed, its case
         directory removed) and wait until it has ended, cases whose handler was cancelled
-        included."""
+        included; then end the ready guests."""
         self.cancel_all()
         deadline = time.monotonic() + STOP_SECONDS
         while self.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.in_flight:
             logger.error("stopping with %d cases still ending", len(self.in_flight))
+        # And the micro-VMs started for cases that will not come now.
+        await asyncio.to_thread(ready.end_all)
 
 
 def _settle(check: asyncio.Future[None]) -> None:
