@@ -29,7 +29,8 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -130,35 +131,17 @@ def table(label: str, calls: int, base: str, http: ServiceCall) -> None:
             )
 
 
-def ready_table(scratch: Path, calls: int, start_ms: float, http: ServiceCall) -> None:
-    """Stateless in-process calls with ready guests off and on (the default), alternated, on
-    a double whose start costs what a new hluk's does."""
-    double, spent = calibrated_double(scratch, start_ms)
-    environment = {"HLUK_PATH": str(double), "HLUK_CACHE_DIR": str(scratch / "ready-cache")}
-    saved = {name: os.environ.get(name) for name in (*environment, READY_ENV)}
-    os.environ.update(environment)
-    print(
-        f"\nready guests off ({READY_ENV}=0) and on (unset), stateless in-process calls, a "
-        f"double whose start costs {spent:.1f} ms of CPU; {calls} calls per figure"
-    )
-    print(f"{'':8}{'off p50':>9}{'p99':>9}{'on p50':>9}{'p99':>9}{'on/off p50':>12}")
+@contextmanager
+def variables_set(variables: dict[str, str | None]) -> Iterator[None]:
+    """This process's environment with `variables` set (None: unset), restored after."""
+    saved = {name: os.environ.get(name) for name in variables}
     try:
-        for level in LEVELS:
-            found: dict[str, list[float]] = {"0": [], "": []}
-            for _ in range(2):  # off, on, off, on
-                for setting in found:
-                    if setting:
-                        os.environ[READY_ENV] = setting
-                    else:
-                        os.environ.pop(READY_ENV, None)
-                    found[setting] += measure("hyperlight://", level, max(calls, level) // 2, http)[
-                        1
-                    ]
-            off, on = found["0"], found[""]
-            print(
-                f"  c={level:<3} {p(off, 50):9.2f}{p(off, 99):9.2f}{p(on, 50):9.2f}{p(on, 99):9.2f}"
-                f"{p(on, 50) / p(off, 50):12.2f}"
-            )
+        for name, value in variables.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
@@ -167,11 +150,34 @@ def ready_table(scratch: Path, calls: int, start_ms: float, http: ServiceCall) -
                 os.environ[name] = value
 
 
+def ready_table(scratch: Path, calls: int, start_ms: float, http: ServiceCall) -> None:
+    """Stateless in-process calls with ready guests off and on (the default), alternated, on
+    a double whose start costs what a new hluk's does."""
+    double, spent = calibrated_double(scratch, start_ms)
+    print(
+        f"\nready guests off ({READY_ENV}=0) and on (unset), stateless in-process calls, a "
+        f"double whose start costs {spent:.1f} ms of CPU; {calls} calls per figure"
+    )
+    print(f"{'':8}{'off p50':>9}{'p99':>9}{'on p50':>9}{'p99':>9}{'on/off p50':>12}")
+    backend = {"HLUK_PATH": str(double), "HLUK_CACHE_DIR": str(scratch / "ready-cache")}
+    with variables_set(backend):
+        for level in LEVELS:
+            found: dict[str, list[float]] = {"0": [], "": []}
+            for _ in range(2):  # off, on, off, on
+                for setting in found:
+                    with variables_set({READY_ENV: setting or None}):
+                        half = max(calls, level) // 2
+                        found[setting] += measure("hyperlight://", level, half, http)[1]
+            off, on = found["0"], found[""]
+            print(
+                f"  c={level:<3} {p(off, 50):9.2f}{p(off, 99):9.2f}{p(on, 50):9.2f}{p(on, 99):9.2f}"
+                f"{p(on, 50) / p(off, 50):12.2f}"
+            )
+
+
 def with_backend(environment: dict[str, str], body: Callable[[str], None], scratch: Path) -> None:
     """Run `body` with this process and a server of its own on the backend `environment`."""
-    saved = {name: os.environ.get(name) for name in environment}
-    os.environ.update(environment)
-    try:
+    with variables_set(dict(environment)):
         # As many micro-VMs as the most concurrent calls, each call's wait within its timeout.
         process, base = start_server(
             scratch, options=("--max-concurrent", "64", "--max-wait", "60")
@@ -181,12 +187,6 @@ def with_backend(environment: dict[str, str], body: Callable[[str], None], scrat
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(60)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def main() -> None:
