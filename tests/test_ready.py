@@ -240,6 +240,20 @@ def test_a_change_of_hluks_environment_counts_from_the_next_case(
     assert wait_for(lambda: before not in ready_hluks(on))
 
 
+def test_a_hluk_replaced_in_place_starts_the_next_case_anew(on: Host) -> None:
+    case("warm")
+    waiting_for(1)
+    (before,) = ready_hluks(on)
+    wrapper = Path(hluk_path())
+    replaced = wrapper.with_name("hluk.new")
+    replaced.write_text(wrapper.read_text() + "# upgraded\n")
+    replaced.chmod(0o755)
+    replaced.replace(wrapper)  # as a package manager installs a new hluk over the old
+    assert result(case("x"))[3].startswith("stdin x\n")
+    assert pool().taken == 0
+    assert wait_for(lambda: before not in ready_hluks(on))
+
+
 def test_a_cancelled_case_in_a_ready_guest_kills_it(on: Host) -> None:
     case("warm")
     waiting_for(1)

@@ -52,11 +52,17 @@ logger = logging.getLogger("verl_hyperlight")
 STARTED_PER_CASE = 2
 
 
-def _start_key() -> tuple[object, ...]:
-    """What a guest's start was made under, of what may change between two cases: hluk's
-    environment, and the settings that place its case directory and start it. A ready guest
-    started under another is not used: a change counts from the next case on."""
-    return (hluk.environment(), settings.CASE_DIR.value(), settings.SPAWN.value())
+def _start_key(path: str) -> tuple[object, ...]:
+    """What a guest's start was made under, of what may change between two cases: the hluk at
+    `path` (upgraded in place, it is another file), hluk's environment, and the settings that
+    place its case directory and start it. A ready guest started under another is not used:
+    a change counts from the next case on."""
+    try:
+        found = os.stat(path)
+        binary: tuple[int, ...] = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
+    except OSError:
+        binary = ()  # its start says what is wrong
+    return (binary, hluk.environment(), settings.CASE_DIR.value(), settings.SPAWN.value())
 
 
 class _Ready:
@@ -136,7 +142,7 @@ class ReadyGuests:
         cancel: threading.Event | None,
         start_more: Callable[[], None],
     ) -> RawOutcome | None:
-        taken = self._take(sum(len(data) for _, data in files), _start_key())
+        taken = self._take(sum(len(data) for _, data in files), _start_key(self.path))
         if taken is None:
             return None
         try:
@@ -230,7 +236,7 @@ class ReadyGuests:
             _keeper.watch(self, time.monotonic() + settings.READY_IDLE.value())
 
     def _start(self) -> _Ready:
-        key = _start_key()
+        key = _start_key(self.path)
         case_dir = casedir.make_empty()
         nonce = secrets.token_hex(16)
         argv = hluk_argv(
