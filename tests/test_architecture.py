@@ -158,3 +158,21 @@ def test_the_document_names_every_room() -> None:
             assert f"{path.name}/" in named
         elif path.suffix == ".py" and path.name != "__init__.py":
             assert path.name in named
+
+
+def test_every_install_hint_installs_this_package_from_a_checkout() -> None:
+    """On the package index the name verl-hyperlight is another project's: no message may tell
+    a user to `pip install` it by name. The one spelling of the command is diagnosis.install."""
+    from verl_hyperlight import diagnosis
+
+    by_name = re.compile(r"pip install (-[-\w]+ )*['\"]?verl-hyperlight")
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if by_name.search(line)
+    ]
+    assert found == []
+    said = diagnosis.install("serve")
+    assert said == "pip install -e '.[serve]' in your verl-hyperlight checkout"
+    assert diagnosis.install(again=True).startswith("pip install --force-reinstall -e . in")

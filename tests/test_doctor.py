@@ -298,5 +298,8 @@ def test_doctor_says_whether_the_pytest_extra_is_installed(
     _, found = run_doctor(capsys)
     assert found["pytest"]["status"] == "warn"  # python cases run on without it
     assert "pytest is not installed" in found["pytest"]["detail"]
-    fix = "pip install 'verl-hyperlight[pytest]' where verl-hyperlight runs"
+    fix = (
+        "pip install -e '.[pytest]' in your verl-hyperlight checkout, in the environment "
+        "verl-hyperlight runs in"
+    )
     assert found["pytest"]["fix"] == fix

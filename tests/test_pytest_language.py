@@ -226,8 +226,8 @@ def test_a_node_without_pytest_answers_sandbox_error_naming_the_extra_logged_onc
     for _ in range(3):
         reply = run_pytest("def test_never_runs(): pass")
         assert (reply["status"], reply["run_result"]) == ("SandboxError", None)
-        assert "pip install 'verl-hyperlight[pytest]'" in reply["message"]
-    assert len([r for r in caplog.records if "verl-hyperlight[pytest]" in r.getMessage()]) == 1
+        assert "pip install -e '.[pytest]' in your verl-hyperlight checkout" in reply["message"]
+    assert len([r for r in caplog.records if "'.[pytest]'" in r.getMessage()]) == 1
     assert not host.argv_log.exists()
 
 

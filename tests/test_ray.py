@@ -314,7 +314,7 @@ def test_a_worker_without_ray_is_told_which_extra_to_install() -> None:
         [sys.executable, "-c", WITHOUT_RAY], capture_output=True, text=True, timeout=60
     )
     assert said.stdout.startswith("SandboxError the sandbox URL asks for Ray (?ray)"), said
-    assert "pip install 'verl-hyperlight[ray]'" in said.stdout
+    assert "pip install -e '.[ray]' in your verl-hyperlight checkout" in said.stdout
     assert "every code reward" in said.stderr  # logged once at ERROR, as a broken backend is
 
 

@@ -681,7 +681,7 @@ def test_serve_without_its_extra_says_how_to_install_it() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 1
-    assert "pip install 'verl-hyperlight[serve]'" in done.stderr
+    assert "pip install -e '.[serve]' in your verl-hyperlight checkout" in done.stderr
 
 
 def test_listening_beyond_loopback_without_a_token_is_warned(serve: Serve) -> None:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeAlias
 
-from . import __version__
+from . import __version__, diagnosis
 from .case import warmup
 from .case.api import run_code
 from .case.guests import guest_for
@@ -152,7 +152,7 @@ def _add_serve(commands: _Commands) -> None:
         help="answer Sandbox Fusion's HTTP API (POST /run_code) from micro-VMs",
         description="Serve Sandbox Fusion's API (POST /run_code, GET /v1/ping) from this "
         "node's micro-VMs, plus GET /readyz and /metrics. Needs the serve extra "
-        f"({install_hint('serve')}). The API has no authentication of its own: it binds the "
+        f"({diagnosis.install('serve')}). The API has no authentication of its own: it binds the "
         "loopback address unless told otherwise; VERL_HYPERLIGHT_TOKEN, when set, is a bearer "
         "token every /run_code request must carry.",
     )
@@ -246,11 +246,6 @@ def _positive_float(text: str) -> float:
     if value == 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
     return value
-
-
-def install_hint(extra: str) -> str:
-    """How to add an extra to this installation (pip then only adds the extra's packages)."""
-    return f"pip install 'verl-hyperlight[{extra}]'"
 
 
 def _text(data: bytes, name: str) -> str:
@@ -368,7 +363,7 @@ def _progress(what: str, seconds: float | None = None) -> Iterator[Callable[[], 
     try:
         from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
-        print(f"{what} ({install_hint('cli')} to see it go)", file=sys.stderr)
+        print(f"{what} ({diagnosis.install('cli')} to see it go)", file=sys.stderr)
         yield lambda: None
         return
     timed = seconds is not None
@@ -447,7 +442,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(
             f"verl-hyperlight: serve needs its extra ({exc.name} is missing): "
-            f"{install_hint('serve')}",
+            f"{diagnosis.install('serve')}",
             file=sys.stderr,
         )
         return 1

@@ -21,7 +21,15 @@ INSTALL_COMMAND = (
     "install.sh | sh"
 )
 INSTALL_HINT = f"install it ({INSTALL_COMMAND}) or set HLUK_PATH"
-PYTEST_EXTRA = "verl-hyperlight[pytest]"
+
+
+def install(extra: str | None = None, *, again: bool = False) -> str:
+    """The command that installs this package (with `extra`; `again`: over itself), from a
+    checkout: on the package index, the name verl-hyperlight is another project's."""
+    target = "." if extra is None else f"'.[{extra}]'"
+    flag = "--force-reinstall " if again else ""
+    return f"pip install {flag}-e {target} in your verl-hyperlight checkout"
+
 
 # What a start (or a case directory) failed for when the worker or the node is short of what
 # comes free again: that case fails, later ones run.
@@ -323,8 +331,8 @@ def no_cleaner(exc: OSError, tmpfs: str, elsewhere: str) -> str:
 def pytest_missing(what: str) -> str:
     """Why a `language: "pytest"` case cannot run: `what` of pytest this node lacks."""
     return (
-        f"language 'pytest' needs pytest on this node ({what}): pip install '{PYTEST_EXTRA}' "
-        "where verl-hyperlight runs"
+        f"language 'pytest' needs pytest on this node ({what}): {install('pytest')}, in the "
+        "environment verl-hyperlight runs in"
     )
 
 
@@ -383,15 +391,13 @@ def notebooks_full(max_sessions: int) -> str:
 
 # Cases across a Ray cluster (hyperlight://?ray).
 
-RAY_EXTRA = "verl-hyperlight[ray]"
-
 
 def ray_missing(why: str) -> BackendError:
     """A ?ray URL in a process that cannot import Ray."""
     return BackendError(
         f"the sandbox URL asks for Ray (?ray) and Ray cannot be imported here ({why}): "
-        f"pip install '{RAY_EXTRA}' in the reward workers' environment, or drop ?ray to run "
-        "cases on this node",
+        f"{install('ray')}, in the reward workers' environment, or drop ?ray to run cases on "
+        "this node",
         "ray-missing",
     )
 

@@ -454,7 +454,7 @@ def _verl() -> Iterator[Check]:
         yield fail(
             "verl",
             f"verl {version}; the {ENTRY_POINT} entry point of verl.plugins is missing",
-            "pip install --force-reinstall verl-hyperlight",
+            diagnosis.install(again=True),
         )
         return
     if release < (0, 9):
