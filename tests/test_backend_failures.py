@@ -49,8 +49,8 @@ def test_hluk_path_naming_a_missing_file_says_how_to_install_hluk(
 ) -> None:
     monkeypatch.setenv("HLUK_PATH", str(tmp_path / "no" / "hluk"))
     message = sandbox_error(run("print(1)"))
-    assert "hluk was not found at" in message
-    assert "HLUK_PATH" in message
+    assert "hluk was not found at" in message and "(where HLUK_PATH points)" in message
+    assert "point HLUK_PATH at hluk, or unset it" in message
     # The installer's real line, which a user can run as it is.
     assert (
         "curl -fsSL https://raw.githubusercontent.com/hyperlight-dev/hyperlight-unikraft/main/"
@@ -67,6 +67,27 @@ def test_hluk_path_naming_a_file_that_is_not_executable_says_chmod(
     monkeypatch.setenv("HLUK_PATH", str(plain))
     message = sandbox_error(run("print(1)"))
     assert "is not executable" in message and "chmod +x" in message
+
+
+def test_hluk_path_naming_a_directory_says_to_point_it_at_hluk(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HLUK_PATH", str(tmp_path))
+    message = sandbox_error(run("print(1)"))
+    assert f"{tmp_path} (where HLUK_PATH points) is a directory, not hluk" in message
+    assert "chmod" not in message and "install" not in message
+
+
+def test_hluk_path_naming_another_program_quotes_its_first_line(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    other = tmp_path / "true"
+    other.write_text("#!/bin/sh\nprintf 'true (GNU coreutils) 9.1\\nCopyright (C) 2022\\n'\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(other))
+    message = sandbox_error(run("print(1)"))
+    assert f"{other} is not hluk: its --version printed no hluk version" in message
+    assert "'true (GNU coreutils) 9.1'" in message and "Copyright" not in message
 
 
 def test_hluk_older_than_0_19_is_refused_with_a_request_to_upgrade(

@@ -78,7 +78,15 @@ def test_hluk_that_is_not_executable_fails_with_chmod(
     plain.write_text("#!/bin/sh\n")
     monkeypatch.setenv("HLUK_PATH", str(plain))
     _, found = run_doctor(capsys)
-    assert found["hluk"]["fix"] == f"chmod +x {plain}"
+    assert found["hluk"]["fix"] == f"chmod +x {plain}, or point HLUK_PATH at hluk itself"
+    plain.unlink()
+    _, found = run_doctor(capsys)  # missing: HLUK_PATH is what to fix, not an install
+    assert found["hluk"]["detail"] == f"hluk was not found at {plain} (where HLUK_PATH points)"
+    assert found["hluk"]["fix"].startswith("point HLUK_PATH at hluk, or unset it")
+    monkeypatch.setenv("HLUK_PATH", str(tmp_path))
+    _, found = run_doctor(capsys)
+    assert "is a directory, not hluk" in found["hluk"]["detail"]
+    assert "chmod" not in found["hluk"]["fix"]
 
 
 def test_a_wrapper_that_does_not_exec_hluk_is_flagged(

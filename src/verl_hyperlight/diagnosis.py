@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import BackendError
 from .outcome import Ending, RawOutcome
-from .settings import CASE_DIR, SPAWN, STARTUP_TIMEOUT, WARM_UP_TIMEOUT
+from .settings import CASE_DIR, HLUK_PATH, SPAWN, STARTUP_TIMEOUT, WARM_UP_TIMEOUT
 
 INSTALL_COMMAND = (
     "curl -fsSL https://raw.githubusercontent.com/hyperlight-dev/hyperlight-unikraft/main/"
@@ -58,14 +58,34 @@ def cannot_start(path: str, why: str, number: int = 0) -> BackendError:
             "out-of-processes",
             persistent=False,
         )
-    if not os.path.exists(path):
-        return BackendError(f"hluk was not found at {path}: {INSTALL_HINT}", "hluk-missing")
-    if os.path.isdir(path) or not os.access(path, os.X_OK):
-        return BackendError(
-            f"hluk at {path} is not executable: chmod +x it, or point HLUK_PATH at hluk itself",
-            "hluk-not-executable",
-        )
+    problem = hluk_file_problem(path)
+    if problem is not None:
+        what, fix, cause = problem
+        return BackendError(f"{what}: {fix}", cause)
     return BackendError(f"hluk at {path} could not start: {why}", "hluk-broken")
+
+
+def hluk_file_problem(path: str) -> tuple[str, str, str] | None:
+    """What is wrong with the file at `path` as hluk (missing, a directory, not executable),
+    the fix, and its cause; None when it looks runnable. The fix fits where `path` came from:
+    HLUK_PATH, set, or the hluk on PATH."""
+    chosen = HLUK_PATH.value() is not None
+    where = f"{path} (where HLUK_PATH points)" if chosen else path
+    if not os.path.exists(path):
+        if not chosen:
+            return f"hluk was not found at {path}", INSTALL_HINT, "hluk-missing"
+        fix = (
+            f"point HLUK_PATH at hluk, or unset it to use the hluk on PATH; to install hluk: "
+            f"{INSTALL_COMMAND}"
+        )
+        return f"hluk was not found at {where}", fix, "hluk-missing"
+    if os.path.isdir(path):
+        fix = "point HLUK_PATH at the hluk executable itself, not its directory"
+        return f"{where} is a directory, not hluk", fix, "hluk-not-executable"
+    if not os.access(path, os.X_OK):
+        fix = f"chmod +x {path}" + (", or point HLUK_PATH at hluk itself" if chosen else "")
+        return f"hluk at {where} is not executable", fix, "hluk-not-executable"
+    return None
 
 
 def out_of_descriptors(what: str, why: str) -> BackendError:
@@ -89,9 +109,18 @@ def version_unanswered(path: str, seconds: float) -> BackendError:
     )
 
 
-def version_failed(path: str, said: str) -> BackendError:
-    """`hluk --version` failed, or printed no version: `said` is what it said."""
-    return BackendError(f"hluk at {path} failed on --version: {said.strip()[:500]}", "hluk-broken")
+def version_failed(path: str, said: str, printed: bool) -> BackendError:
+    """`hluk --version` failed, or (`printed`) printed no version of hluk's: `said` is what it
+    said, of which its first line is quoted (another program's banner runs on for lines)."""
+    lines = said.strip().splitlines()
+    first = lines[0][:200] if lines else ""
+    if printed:
+        return BackendError(
+            f"{path} is not hluk: its --version printed no hluk version ({first!r}); "
+            "point HLUK_PATH at hluk",
+            "hluk-broken",
+        )
+    return BackendError(f"hluk at {path} failed on --version: {first}", "hluk-broken")
 
 
 def too_old(path: str, written: str, prerelease: bool, minimum: Sequence[int]) -> BackendError:

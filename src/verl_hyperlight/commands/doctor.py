@@ -184,13 +184,10 @@ def hluk_checks() -> Generator[Check, None, str | None]:
     except BackendError:
         yield fail("hluk", "not found on PATH, and HLUK_PATH is not set", diagnosis.INSTALL_COMMAND)
         return None
-    if not os.path.exists(path):
-        yield fail(
-            "hluk", f"{path} does not exist", f"{diagnosis.INSTALL_COMMAND}, or fix HLUK_PATH"
-        )
-        return None
-    if os.path.isdir(path) or not os.access(path, os.X_OK):
-        yield fail("hluk", f"{path} is not executable", f"chmod +x {path}")
+    problem = diagnosis.hluk_file_problem(path)
+    if problem is not None:
+        what, fix, _ = problem
+        yield fail("hluk", what, fix)
         return None
     wrapper = _wrapper_without_exec(path)
     if wrapper:

@@ -121,7 +121,8 @@ def check_version(path: str) -> str:
     text = done.preamble.decode(errors="replace").strip()
     version = parse_version(text)
     if done.hluk_status != 0 or version is None:
-        raise diagnosis.version_failed(path, done.hluk_error or text)
+        printed = done.hluk_status == 0
+        raise diagnosis.version_failed(path, done.hluk_error or text or done.hluk_stderr, printed)
     key, written = version
     if key < (*MINIMUM_VERSION, 1):
         raise diagnosis.too_old(path, written, key[3] == 0, MINIMUM_VERSION)
