@@ -172,6 +172,22 @@ def test_a_memory_limit_below_what_the_image_boots_in_is_refused(
     assert host.runs() == []
 
 
+@pytest.mark.parametrize("limit", [-5, -1.5, -1024])
+def test_a_negative_memory_limit_is_told_what_a_size_is_not_to_use_another_negative(
+    host: Host, limit: float
+) -> None:
+    from verl_hyperlight import run_code
+
+    response, error = run_code("hyperlight://", "print(1)", "", None, 10, limit)  # type: ignore[arg-type]
+    assert response is None
+    assert error == (
+        f"Invalid request: memory_limit_mb={limit} is not a memory size: give at least 128 "
+        "(MiB, what the python image boots in), or None (or 0, or -1) for the image's default"
+    )
+    assert host.runs() == []
+    assert run_code("hyperlight://", "print(1)", "", None, 10, -1)[0] is not None
+
+
 def test_a_guest_that_exhausts_its_memory_is_answered_failed_as_an_oom_kill(host: Host) -> None:
     # hluk has no handling of a guest out of memory: its kernel aborts (`error: Guest aborted`).
     # The solution's doing: answered as Sandbox Fusion answers an OOM kill, with 137.

@@ -24,8 +24,10 @@ WELL_FORMED = {
 }
 # Ours, and malformed: each refused with what to give instead.
 MALFORMED = {
-    "hyperlight:": "verl-hyperlight serves hyperlight://, hyperlight://agent or",
-    "hyperlight:agent": "verl-hyperlight serves hyperlight://, hyperlight://agent or",
+    "hyperlight:": "did you mean 'hyperlight://'? verl-hyperlight serves hyperlight://, hy",
+    "hyperlight:/": "did you mean 'hyperlight://'? verl-hyperlight serves",
+    "HyperLight:/agent": "did you mean 'hyperlight://agent'? verl-hyperlight serves",
+    "hyperlight:agent": "did you mean 'hyperlight://agent'? verl-hyperlight serves",
     "hyperlight://not an image": "after hyperlight:// give nothing (the python image), 'agent'",
     "hyperlight://nope": "after hyperlight:// give nothing (the python image), 'agent'",
     "hyperlight://?ray=a b": "ray='a b' is not a Ray resource name",

@@ -121,6 +121,12 @@ def guest_for(url: str, memory_limit_mb: object) -> Guest:
         or not math.isfinite(memory_limit_mb)  # NaN is not "below" anything: say what it is
     ):
         raise InvalidRequest(f"memory_limit_mb must be a number or None, not {memory_limit_mb!r}")
+    if memory_limit_mb < 0:
+        raise InvalidRequest(
+            f"memory_limit_mb={memory_limit_mb} is not a memory size: give at least "
+            f"{image.min_memory_mb} (MiB, what {image.label} boots in), or None (or 0, or -1) "
+            "for the image's default"
+        )
     if memory_limit_mb < image.min_memory_mb:
         raise InvalidRequest(
             f"memory_limit_mb={memory_limit_mb} is below what {image.label} boots in: the guest "

@@ -45,8 +45,11 @@ def parse_url(url: object) -> SandboxURL:
     """What a sandbox URL names; InvalidRequest for one that is not ours or is malformed."""
     # The scheme in any case, as is_ours takes it.
     if not isinstance(url, str) or url[: len(PREFIX)].lower() != PREFIX:
+        meant = ""
+        if is_ours(url):  # the scheme, less its slashes
+            meant = f"did you mean {PREFIX + str(url)[len(SCHEME) :].lstrip('/')!r}? "
         raise InvalidRequest(
-            f"unsupported sandbox URL {url!r}: verl-hyperlight serves hyperlight://, "
+            f"unsupported sandbox URL {url!r}: {meant}verl-hyperlight serves hyperlight://, "
             "hyperlight://agent or hyperlight://<image reference>"
         )
     rest, _, query = url[len(PREFIX) :].partition("?")
