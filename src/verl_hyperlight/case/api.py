@@ -134,6 +134,9 @@ class _FailureLog(CauseCounts):
 
 
 failures = _FailureLog()
+# Requests in a language only Sandbox Fusion runs: the client's doing, not the backend's, so
+# said once per language at WARNING and not counted as backend failures.
+unsupported_languages = CauseCounts()
 
 
 def encode_text(name: str, text: object, limit: int) -> bytes:
@@ -373,7 +376,12 @@ def run_code(
                 message = (
                     f"verl-hyperlight runs Python only; language {language!r} is not supported"
                 )
-                failures.record("language", message, "those cases score -1")
+                if unsupported_languages.first(language):
+                    logger.warning(
+                        "verl-hyperlight: %s (its cases are answered SandboxError and score -1; "
+                        "said once per language)",
+                        message,
+                    )
                 return sandbox_error(message)
             raise InvalidRequest(f"unknown language {language!r}")
         timeout = _timeout("run_timeout", run_timeout)
