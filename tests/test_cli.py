@@ -50,6 +50,24 @@ def test_warm_up_refuses_a_memory_limit_below_the_image(
     assert "use at least 720" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--url", "hyperlight:/"], "did you mean 'hyperlight://'?"),
+        (["--url", "http://sandbox/run_code"], "verl-hyperlight serves hyperlight://"),
+        (["--url", "hyperlight://agent", "--memory-limit-mb", "512"], "use at least 720"),
+    ],
+)
+def test_serve_with_a_setting_it_cannot_run_a_case_with_stops_at_once(
+    capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    """As uvicorn stops on an app it cannot import, not serving 503 for ever."""
+    assert main(["serve", "--port", "0", *args]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("verl-hyperlight serve: ") and says in said
+    assert said.count("\n") == 1
+
+
 def test_run_prints_the_response_verl_would_get(
     hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -274,6 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--max-memory-mb is below --memory-limit-mb ({args.memory_limit_mb})")
     if args.command == "serve" and (args.max_bodies_mb or args.max_body_mb) < args.max_body_mb:
         parser.error(f"--max-bodies-mb is below --max-body-mb ({args.max_body_mb})")
+    if args.command == "serve":
+        try:  # a server that could run no case must not start, answering 503 forever
+            guest_for(args.url, args.memory_limit_mb)
+        except InvalidRequest as exc:
+            print(f"verl-hyperlight serve: {exc}", file=sys.stderr)
+            return 2
     if args.command == "warm-up":
         try:
             guest = guest_for(args.url, args.memory_limit_mb)
