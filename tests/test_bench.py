@@ -119,3 +119,21 @@ def test_progress_is_shown_on_a_terminal_and_nowhere_else(
 ) -> None:
     assert says in stderr_of(args, terminal=True)
     assert stderr_of(args, terminal=False) == ""
+
+
+def test_bench_and_doctor_share_one_sizing_rule(
+    host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On 2 CPUs with 8 reward workers bench advised max_concurrent=1, which doctor then failed
+    (8 micro-VMs on 2 CPUs): now both say fewer workers."""
+    from verl_hyperlight.commands import doctor
+
+    advice = recommend([level(1, 10, 100), level(2, 19, 110), level(4, 19, 110)], num_workers=8)
+    assert (advice.max_concurrent, advice.num_workers) == (1, 2)
+    monkeypatch.setattr(doctor.os, "sched_getaffinity", lambda _: {0, 1})
+    assert main(["doctor", "--max-concurrent", "1", "--num-workers", "8", "--json"]) == 1
+    checks = {check["name"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["sizing"]["fix"] == "max_concurrent=1, reward.num_workers=2"
+    assert main(["doctor", "--max-concurrent", "1", "--num-workers", "2", "--json"]) in (0, 1)
+    checks = {check["name"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["sizing"]["status"] == "ok"

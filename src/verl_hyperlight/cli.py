@@ -351,9 +351,17 @@ def _bench(args: argparse.Namespace) -> int:
             f"{level.concurrency:>11}{level.per_second:>9.1f}{level.p50_ms:>9.0f}"
             f"{level.p99_ms:>9.0f}{level.startup_share:>10.0%}{level.failed:>8}"
         )
+    if advice.num_workers == args.num_workers:
+        split = f"with reward.num_workers={args.num_workers}: "
+        split += f"max_concurrent={advice.max_concurrent}"
+    else:
+        split = (
+            f"max_concurrent=1 with reward.num_workers={advice.num_workers} ({args.num_workers} "
+            f"workers would run {args.num_workers} at once)"
+        )
     print(
         f"recommended: at most {advice.node_concurrency} at once on this node ({advice.why}); "
-        f"with reward.num_workers={args.num_workers}: max_concurrent={advice.max_concurrent}"
+        f"{split}"
     )
     return 0
 

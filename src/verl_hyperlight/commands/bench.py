@@ -50,6 +50,17 @@ class Recommendation:
     node_concurrency: int
     max_concurrent: int
     why: str
+    num_workers: int  # the reward workers to run them: fewer than asked when they would not fit
+
+
+def share(capacity: int, num_workers: int) -> tuple[int, int]:
+    """The one sizing rule (bench's and doctor's): `capacity` micro-VMs at once on the node
+    (what it runs well, its CPUs, what its memory holds) shared by `num_workers` reward
+    workers, as (max_concurrent, reward.num_workers). max_concurrent is at least 1, so when
+    there are more workers than the capacity, the workers are fewer."""
+    if capacity < num_workers:
+        return 1, max(capacity, 1)
+    return capacity // num_workers, num_workers
 
 
 def measure(
@@ -128,8 +139,8 @@ def recommend(levels: list[Level], num_workers: int) -> Recommendation:
             break
         chosen = level
         why = f"cases/s still rose up to {level.concurrency}, the last level measured"
-    per_worker = max(chosen.concurrency // num_workers, 1)
-    return Recommendation(chosen.concurrency, per_worker, why)
+    per_worker, workers = share(chosen.concurrency, num_workers)
+    return Recommendation(chosen.concurrency, per_worker, why, workers)
 
 
 def check(url: str, memory_limit_mb: int | None) -> None:

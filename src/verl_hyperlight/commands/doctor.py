@@ -29,6 +29,7 @@ from ..case.url import parse_url
 from ..errors import BackendError, InvalidRequest
 from ..hluk import process as hluk
 from ..hluk import spawn
+from . import bench
 
 KVM_DEVICE = "/dev/kvm"
 # A warm snapshot is about 75 MiB (python) to several hundred (agent); images as much again.
@@ -367,13 +368,12 @@ def _sizing(options: Options) -> Iterator[Check]:
         return
     cpus = len(os.sched_getaffinity(0))
     vms = options.max_concurrent * options.num_workers
-    fits = max(cpus // options.num_workers, 0)
     if vms > cpus:
         yield fail(
             "sizing",
             f"max_concurrent {options.max_concurrent} x {options.num_workers} reward workers "
             f"= {vms} micro-VMs on {cpus} CPUs: cases slow down and pass their timeouts",
-            f"max_concurrent={fits}" if fits else f"max_concurrent=1, reward.num_workers={cpus}",
+            _fitting(cpus, options.num_workers),
         )
     else:
         yield ok("sizing", f"{vms} micro-VMs at most on {cpus} CPUs")
@@ -389,15 +389,24 @@ def _sizing(options: Options) -> Iterator[Check]:
     counted += f"on the host) and {ready} ready ones" if ready else "on the host)"
     if free is not None and need > free:
         per_vm = guest.memory_mb + HOST_MB_PER_CASE
-        fix = (
-            f"max_concurrent={max(free // per_vm // options.num_workers, 0)}, or a lower "
-            "memory_limit_mb"
-        )
+        if free // per_vm:
+            fix = f"{_fitting(free // per_vm, options.num_workers)}, or a lower memory_limit_mb"
+        else:
+            fix = "a lower memory_limit_mb: not one such micro-VM fits"
         if ready:
             fix = f"{settings.READY_GUESTS.name}=0 (or 1), {fix}"
         yield fail("memory", f"{counted} need {need} MiB; {free} MiB is available", fix)
     elif free is not None:
         yield ok("memory", f"{need} MiB at most of {free} MiB available ({counted})")
+
+
+def _fitting(capacity: int, num_workers: int) -> str:
+    """The settings that run `capacity` micro-VMs at once on `num_workers` workers (bench's rule:
+    fewer workers when there are more than that)."""
+    per_worker, workers = bench.share(capacity, num_workers)
+    if workers == num_workers:
+        return f"max_concurrent={per_worker}"
+    return f"max_concurrent=1, reward.num_workers={workers}"
 
 
 def _available_mb() -> int | None:
