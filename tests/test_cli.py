@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from serving import Served
 
 from verl_hyperlight import __version__
 from verl_hyperlight.case import warmup as _warmup
@@ -78,6 +80,36 @@ def test_run_prints_the_response_verl_would_get(
     response = json.loads(capsys.readouterr().out)
     assert response["status"] == "Success"
     assert response["run_result"]["stdout"] == "42\n"
+
+
+def test_run_asks_a_server_at_an_http_url_as_verls_client_does(
+    serve: Callable[..., Served],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    served = serve()
+    solution = tmp_path / "solution.py"
+    solution.write_text("print(int(input()) * 2)\n")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"21\n")))
+    assert main(["run", str(solution), "--url", served.run_code_url]) == 0
+    response = json.loads(capsys.readouterr().out)
+    assert (response["status"], response["run_result"]["stdout"]) == ("Success", "42\n")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    assert main(["run", str(solution), "--url", f"{served.base}/nowhere"]) == 1
+    assert "answered HTTP 404" in capsys.readouterr().err
+
+
+def test_run_with_no_time_says_why_its_answer_is_a_time_limit(
+    hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    solution = tmp_path / "solution.py"
+    solution.write_text("print(1)\n")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    assert main(["run", str(solution), "--timeout", "-1"]) == 0
+    said = capsys.readouterr()
+    assert json.loads(said.out)["run_result"]["status"] == "TimeLimitExceeded"
+    assert "--timeout -1 is answered TimeLimitExceeded at once, as Sandbox Fusion" in said.err
 
 
 def test_run_passes_the_solution_and_its_input_byte_for_byte(

@@ -65,11 +65,20 @@ def _add_run(commands: _Commands) -> None:
         "run",
         help="run one solution file on stdin and print the Sandbox Fusion response",
         description="Run SOLUTION (a Python file) with this command's standard input as its "
-        "input, and print the response verl would receive, as JSON.",
+        "input, and print the response verl would receive, as JSON: in a micro-VM of this "
+        "node (a hyperlight:// URL), or by POSTing Sandbox Fusion's request to an http(s) URL "
+        "(a `verl-hyperlight serve`, or a Sandbox Fusion service: its /run_code URL; with "
+        "VERL_HYPERLIGHT_TOKEN, if set, as its bearer token). Exits 0 "
+        "when the case ran (whatever the solution did: see the response's status), 1 when it "
+        "was answered SandboxError or could not be asked, 2 on a usage error.",
     )
     # Bytes: the solution and its input reach the guest as written (\r\n stays \r\n).
     run.add_argument("solution", type=argparse.FileType("rb"))
-    run.add_argument("--url", default="hyperlight://", help="sandbox URL")
+    run.add_argument(
+        "--url",
+        default="hyperlight://",
+        help="sandbox URL: hyperlight://..., or http(s)://.../run_code",
+    )
     run.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds")
     run.add_argument("--memory-limit-mb", type=int, default=1024)
 
@@ -297,7 +306,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             print(f"verl-hyperlight: {exc}", file=sys.stderr)
             return 1
-        response, error = run_code(args.url, code, stdin, 10, args.timeout, args.memory_limit_mb)
+        if args.timeout <= 0:
+            print(
+                f"verl-hyperlight: --timeout {args.timeout:g} is answered TimeLimitExceeded at "
+                "once, as Sandbox Fusion answers a run_timeout of 0 or less",
+                file=sys.stderr,
+            )
+        if args.url.lower().startswith(("http://", "https://")):
+            response, error = _post(args.url, code, stdin, args.timeout, args.memory_limit_mb)
+        else:
+            response, error = run_code(
+                args.url, code, stdin, 10, args.timeout, args.memory_limit_mb
+            )
         if error is not None:
             print(f"verl-hyperlight: {error}", file=sys.stderr)
             return 1
@@ -313,6 +333,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _selftest(args)
     parser.print_help()
     return 0
+
+
+def _post(
+    url: str, code: str, stdin: str, run_timeout: float, memory_limit_mb: int
+) -> tuple[dict[str, object] | None, str | None]:
+    """Sandbox Fusion's request for one case, POSTed to `url` as verl's client sends it; the
+    response, or what went wrong."""
+    import urllib.error
+    import urllib.request
+
+    body = {
+        "code": code,
+        "stdin": stdin,
+        "language": "python",
+        "compile_timeout": 10,
+        "run_timeout": run_timeout,
+        "memory_limit_MB": memory_limit_mb,
+    }
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    token = TOKEN.value()
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=run_timeout + 120) as reply:
+            answer = json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return None, f"{url} answered HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}"
+    except (OSError, ValueError) as exc:
+        return None, f"cannot ask {url}: {exc}"
+    if not isinstance(answer, dict):
+        return None, f"{url} answered {str(answer)[:200]!r}, not a response"
+    return answer, None
 
 
 def _bench(args: argparse.Namespace) -> int:
