@@ -367,3 +367,13 @@ def processes_using(cache: Path) -> list[int]:
         if f"HLUK_CACHE_DIR={cache}\0".encode() in environ:
             found.append(int(entry))
     return found
+
+
+def test_the_verdict_says_why_programs_were_skipped_and_where_they_run() -> None:
+    needing = [p for p in PROGRAMS if p.needs]
+    skipped = [st.Outcome(p, st.SKIPPED, [], [], [], "the image has no x") for p in needing]
+    report = st.Report("hyperlight://", "3.12.0", [], outcomes=skipped)
+    line = st._verdict(report)  # the last line the command prints
+    wanted = ", ".join(sorted({name for p in needing for name in p.needs}))
+    assert f"{len(needing)} skipped: they need {wanted}, which this image lacks" in line
+    assert "selftest hyperlight://agent" in line

@@ -379,7 +379,13 @@ def _verdict(report: Report) -> str:
     if counts[BACKEND_FAILURE]:
         text += f"; {counts[BACKEND_FAILURE]} failed in the backend (SandboxError)"
     if counts[SKIPPED]:
-        text += f"; {counts[SKIPPED]} skipped"
+        needed = sorted(
+            {n for o in report.outcomes if o.verdict == SKIPPED for n in o.program.needs}
+        )
+        text += (
+            f"; {counts[SKIPPED]} skipped: they need {', '.join(needed)}, which this image lacks "
+            "(the agent image has them: `verl-hyperlight selftest hyperlight://agent`)"
+        )
     failed = [check.name for check in report.checks if check.status == "fail"]
     if failed:
         text += f"; the {', '.join(failed)} check failed (see above)"
