@@ -12,6 +12,7 @@ from serving import Served
 
 from verl_hyperlight import __version__
 from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.case.guests import most_memory_mb
 from verl_hyperlight.cli import main
 
 
@@ -68,6 +69,18 @@ def test_serve_with_a_setting_it_cannot_run_a_case_with_stops_at_once(
     said = capsys.readouterr().err
     assert said.startswith("verl-hyperlight serve: ") and says in said
     assert said.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", [["run", "/dev/null"], ["warm-up"], ["doctor"], ["bench"]])
+def test_an_absurd_memory_limit_is_refused_by_every_command_as_serve_refuses_it(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--memory-limit-mb", "100000000"])
+    assert exited.value.code == 2
+    said = capsys.readouterr().err
+    half = most_memory_mb()
+    assert f"100000000 MiB is more than half this node's memory ({half} MiB)" in said
 
 
 def test_run_prints_the_response_verl_would_get(

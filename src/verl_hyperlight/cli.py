@@ -18,7 +18,7 @@ from typing import TypeAlias
 from . import __version__, diagnosis
 from .case import warmup
 from .case.api import run_code
-from .case.guests import guest_for
+from .case.guests import guest_for, most_memory_mb
 from .errors import BackendError, InvalidRequest
 from .hluk import process as hluk
 from .hluk.spawn import raise_descriptor_limit
@@ -56,7 +56,10 @@ def _add_warm_up(commands: _Commands) -> None:
     )
     warm.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
     warm.add_argument(
-        "--memory-limit-mb", type=int, default=1024, help="verl's memory_limit_mb (default 1024)"
+        "--memory-limit-mb",
+        type=_memory_limit,
+        default=1024,
+        help="verl's memory_limit_mb (default 1024)",
     )
 
 
@@ -80,7 +83,7 @@ def _add_run(commands: _Commands) -> None:
         help="sandbox URL: hyperlight://..., or http(s)://.../run_code",
     )
     run.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds")
-    run.add_argument("--memory-limit-mb", type=int, default=1024)
+    run.add_argument("--memory-limit-mb", type=_memory_limit, default=1024)
 
 
 def _add_bench(commands: _Commands) -> None:
@@ -105,7 +108,7 @@ def _add_bench(commands: _Commands) -> None:
     bench.add_argument(
         "--num-workers", type=_positive_int, default=8, help="verl's reward.num_workers (8)"
     )
-    bench.add_argument("--memory-limit-mb", type=int, default=1024)
+    bench.add_argument("--memory-limit-mb", type=_memory_limit, default=1024)
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -122,7 +125,10 @@ def _add_doctor(commands: _Commands) -> None:
     )
     doctor.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
     doctor.add_argument(
-        "--memory-limit-mb", type=int, default=1024, help="verl's memory_limit_mb (default 1024)"
+        "--memory-limit-mb",
+        type=_memory_limit,
+        default=1024,
+        help="verl's memory_limit_mb (default 1024)",
     )
     doctor.add_argument(
         "--max-concurrent", type=_positive_int, help="verl's max_concurrent, to check the sizing"
@@ -206,7 +212,7 @@ def _add_serve(commands: _Commands) -> None:
     )
     serve.add_argument(
         "--memory-limit-mb",
-        type=int,
+        type=_memory_limit,
         default=1024,
         help="the memory limit whose guest is warmed up at start (verl's default, 1024)",
     )
@@ -224,6 +230,21 @@ def _add_serve(commands: _Commands) -> None:
         help="largest run_timeout a request may ask for, in seconds; past it, a SandboxError "
         "(default 300)",
     )
+
+
+def _memory_limit(text: str) -> int:
+    """A --memory-limit-mb: verl's memory_limit_mb, at most what serve lets a request ask for."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB") from None
+    most = most_memory_mb()
+    if value > most:
+        raise argparse.ArgumentTypeError(
+            f"{value} MiB is more than half this node's memory ({most} MiB), the most a case may "
+            "ask for (as serve refuses such a request)"
+        )
+    return value
 
 
 def _levels(text: str) -> list[int]:

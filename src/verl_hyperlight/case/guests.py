@@ -95,6 +95,17 @@ def image_for(url: str) -> Image:
     )
 
 
+def node_memory_mb() -> int:
+    """This node's memory, MiB."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
+
+
+def most_memory_mb() -> int:
+    """The largest memory limit a case may ask for by default: half this node's memory (serve
+    refuses a request past it; the commands refuse such a --memory-limit-mb)."""
+    return node_memory_mb() // 2
+
+
 def memory_for(memory_limit_mb: float) -> int:
     """The micro-VM memory (MiB) for a limit: a third more than the solution may use, for the
     guest kernel and interpreter, rounded up to the ladder of sizes (powers of two and 1.5

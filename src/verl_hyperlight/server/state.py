@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..case import api, ready, warmup
-from ..case.guests import guest_for
+from ..case.guests import guest_for, most_memory_mb, node_memory_mb
 from ..errors import BackendError, InvalidRequest
 from ..hluk import process as hluk
 from ..settings import POD_NAME
@@ -47,10 +47,6 @@ MIB = 1024 * 1024
 # body is held once, as the request it holds (its code, stdin and files), from its read until
 # its case has ended; its parse and its case's run each take about as much again for a while.
 BODIES_SHARE_OF_MEMORY = 1 / 16
-
-
-def _node_memory_mb() -> int:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // MIB
 
 
 @dataclass(frozen=True)
@@ -87,13 +83,13 @@ class Settings:
         """The bytes of request bodies the server holds at most, in all."""
         if self.max_bodies_bytes is not None:
             return self.max_bodies_bytes
-        return max(int(_node_memory_mb() * BODIES_SHARE_OF_MEMORY) * MIB, self.max_body_bytes)
+        return max(int(node_memory_mb() * BODIES_SHARE_OF_MEMORY) * MIB, self.max_body_bytes)
 
     @property
     def memory_cap(self) -> int:
         if self.max_memory_mb is not None:
             return self.max_memory_mb
-        return max(_node_memory_mb() // 2, self.warm_up_memory_mb)
+        return max(most_memory_mb(), self.warm_up_memory_mb)
 
 
 class Place:
