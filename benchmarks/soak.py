@@ -306,6 +306,10 @@ def standin_environment(
         "VERL_HYPERLIGHT_STARTUP_TIMEOUT": f"{startup_timeout:g}",
         # A warm-up after a lost snapshot may draw a hang too: not the default 900 s of it.
         "VERL_HYPERLIGHT_WARM_UP_TIMEOUT": f"{2 * startup_timeout:g}",
+        # Each case's own hluk: the soak ties each injected fault to the case whose files its
+        # hluk mounted, and counts what each case leaves; a ready guest draws its fault before
+        # its case exists and is held on purpose (tests/test_ready.py tests those).
+        "VERL_HYPERLIGHT_READY_GUESTS": "0",
     }
 
 
