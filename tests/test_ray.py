@@ -94,7 +94,9 @@ class RayCluster:
         )
         self.nodes: dict[str, Node] = {}
 
-    def add(self, name: str, resources: dict[str, float]) -> Node:
+    def add(self, name: str, resources: dict[str, float], ready_guests: str = "0") -> Node:
+        """A node offering `resources`. Its cases each start their own hluk (ready guests off,
+        unless `ready_guests`): these tests count each node's hluk runs per case."""
         node = Node(name, self.root / name, resources=resources)
         node.case_root.mkdir(parents=True)
         env = {
@@ -104,6 +106,7 @@ class RayCluster:
             "HLUK_STANDIN_ARGV_LOG": str(node.argv_log),
             "VERL_HYPERLIGHT_HLUK_ENV": "HLUK_STANDIN_*",
             "VERL_HYPERLIGHT_CASE_DIR": str(node.case_root),
+            "VERL_HYPERLIGHT_READY_GUESTS": ready_guests,
         }
         node.handle = self.cluster.add_node(num_cpus=1, resources=resources, env_vars=env)
         self.cluster.wait_for_nodes()
@@ -213,6 +216,23 @@ def test_a_resource_no_node_offers_is_a_sandbox_error_then_fails_fast_then_recov
         assert any("offers 'absent' again" in r.getMessage() for r in caplog.records)
     finally:
         cluster.remove(late)
+
+
+def test_a_node_with_ready_guests_runs_its_cases_in_them(cluster: RayCluster) -> None:
+    url = "hyperlight://?ray=warmish"
+    node = cluster.add("warmish", {"warmish": 2}, ready_guests="4")
+    try:
+        answers = []
+        for i in range(5):
+            answers.append(through(url, SQUARE, str(i)))
+            time.sleep(0.5)  # the next case's guest starts meanwhile
+        runs = [json.loads(line) for line in node.argv_log.read_text().splitlines()]
+        execs = [argv[argv.index("--exec") + 1] for argv in runs if "--exec" in argv]
+        own = sum(".main(" in code for code in execs)
+        assert sum(".ready(" in code for code in execs) >= 1 and own < 5, execs
+    finally:
+        cluster.remove(node)
+    assert [result(answer)[3] for answer in answers] == [f"{i * i}\n" for i in range(5)]
 
 
 def test_a_node_that_joins_mid_batch_takes_the_cases_that_wait(cluster: RayCluster) -> None:
