@@ -134,20 +134,20 @@ def table(label: str, calls: int, base: str, http: ServiceCall) -> None:
 @contextmanager
 def variables_set(variables: dict[str, str | None]) -> Iterator[None]:
     """This process's environment with `variables` set (None: unset), restored after."""
+
+    def put(values: dict[str, str | None]) -> None:
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
     saved = {name: os.environ.get(name) for name in variables}
     try:
-        for name, value in variables.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        put(variables)
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        put(saved)
 
 
 def ready_table(scratch: Path, calls: int, start_ms: float, http: ServiceCall) -> None:
