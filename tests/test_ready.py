@@ -340,3 +340,16 @@ def test_none_is_left_after_the_worker_is_killed(on: Host) -> None:
         worker.wait()
     assert wait_for(lambda: processes_with(str(on.tmpfs)) == [], 15)
     assert wait_for(lambda: on.case_dirs() == [], 15)  # the worker's cleaner removed them
+
+
+def test_a_worker_that_exits_ends_its_ready_guests_first(on: Host) -> None:
+    exiting = WORKER.replace("time.sleep(600)", "sys.exit(0)")
+    worker = subprocess.run(
+        [sys.executable, "-c", exiting],
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(on.tmpdir), settings.CASE_DIR.name: str(on.tmpfs)},
+    )
+    assert worker.returncode == 0 and worker.stdout == b"waiting\n", worker.stderr
+    # At once: not left to the cleaner, which removes a killed worker's after it.
+    assert on.case_dirs() == [] and processes_with(str(on.tmpfs)) == []

@@ -31,6 +31,7 @@ from hostside import (
 
 from verl_hyperlight import settings as _settings
 from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.errors import CauseCounts
 from verl_hyperlight.hluk import console as _console
 from verl_hyperlight.hluk import process as _hluk
 from verl_hyperlight.hluk import spawn as _spawn
@@ -45,6 +46,9 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(_spawn, "_spawners", {})
     monkeypatch.setattr(_spawn, "SPAWNERS", 1)
     monkeypatch.setattr(_spawn, "_starts", _spawn._Starts())
+    # What earlier tests of the process said once (a spawner that did not answer in time, seen
+    # in a loaded soak) is not said again: this test's own must be the first.
+    monkeypatch.setattr(_spawn, "_unanswered", CauseCounts())
     yield
     for spawner in _spawn._spawners.values():
         if spawner.alive and spawner.process is not None:
@@ -280,6 +284,7 @@ def test_a_hluk_that_cannot_be_executed_is_a_backend_failure_on_every_way(
 FORKING_WORKER = """
 import os, sys
 from verl_hyperlight import run_code
+from verl_hyperlight.errors import CauseCounts
 from verl_hyperlight.hluk import spawn as _spawn
 _spawn.SPAWNERS = 1
 def case():

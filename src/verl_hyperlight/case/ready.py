@@ -25,11 +25,13 @@ while it waited is ended and passed over; the case finds another or starts its o
 charged to no case. Each gate keeps at most ``VERL_HYPERLIGHT_READY_GUESTS``, and no more than
 its guest's cases in flight at once lately; one that waits past ``VERL_HYPERLIGHT_READY_IDLE``
 is ended by the keeper thread. A forked child knows none of its parent's; a worker that dies
-takes them with it, as it takes every hluk it started (``hluk.spawn``).
+takes them with it, as it takes every hluk it started (``hluk.spawn``), and one that exits
+ends them first.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import secrets
@@ -357,6 +359,9 @@ class _Keeper:
                 target=self._run, name="verl-hyperlight-ready-guests", daemon=True
             )
             self._thread.start()
+            # A process that exits ends its ready guests itself, their directories removed
+            # then (the cleaner would remove them later; a killed one leaves that to it).
+            atexit.register(end_all)
 
     def _run(self) -> None:
         while True:
