@@ -553,7 +553,9 @@ def ready_guests(
     rows = [(f"c=1, one every {gap * 1000:.0f} ms", 1, gap)]
     rows += [(f"c={c}, back to back", c, 0.0) for c in concurrencies]
     for label, concurrency, pause in rows:
-        batch = cases if concurrency == 1 else 10 * concurrency
+        # Enough cases that the guests a batch leaves started and unused (up to the limit, at
+        # its end, as a reward step's last cases do) are not most of what is measured.
+        batch = max(cases, 10 * concurrency)
         found: dict[str, list[tuple[list[float], float, float]]] = {"0": [], "": []}
         for _ in range(2):  # alternated: off, on, off, on
             for setting in found:
