@@ -150,10 +150,16 @@ def test_run_refuses_text_that_is_not_utf8_saying_which(
 
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = README.parent / "docs"
+
+
+def documentation() -> str:
+    """The README and every page of the docs."""
+    return "\n".join(path.read_text() for path in [README, *sorted(DOCS.rglob("*.md"))])
 
 
 @pytest.mark.parametrize("command", ["warm-up", "run", "doctor", "bench", "serve", "selftest"])
-def test_each_command_is_in_the_help_and_the_readme(
+def test_each_command_is_in_the_help_and_the_docs(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
@@ -163,12 +169,17 @@ def test_each_command_is_in_the_help_and_the_readme(
         main([command, "--help"])
     assert exited.value.code == 0
     assert len(capsys.readouterr().out.splitlines()) > 3
-    assert f"verl-hyperlight {command}" in README.read_text()
+    assert f"verl-hyperlight {command}" in documentation()
 
 
 def test_no_user_facing_text_holds_a_placeholder() -> None:
     root = README.parent
-    texts = [README, *root.joinpath("examples").iterdir(), *root.joinpath("src").rglob("*.py")]
+    texts = [
+        README,
+        *DOCS.rglob("*.md"),
+        *root.joinpath("examples").iterdir(),
+        *root.joinpath("src").rglob("*.py"),
+    ]
     for path in texts:
         text = path.read_text()
         assert "<hyperlight-unikraft>" not in text, path

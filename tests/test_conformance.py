@@ -11,9 +11,9 @@ every failure). The reference is run here by a subprocess alone, without Sandbox
 truncation, which the package beats; it is also compared with the recorded answers, so they
 cannot go stale. ``python tests/test_conformance.py`` records them again.
 
-A program whose answer differs names the README "Known limits" entry that explains it and what
-our side answers instead; the test checks that entry exists, that the difference is real, and
-that everything else is equal.
+A program whose answer differs names the "Known limits" entry (docs/known-limits.md) that
+explains it and what our side answers instead; the test checks that entry exists, that the
+difference is real, and that everything else is equal.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from verl_hyperlight.commands.conformance import (
     shape,
 )
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+KNOWN_LIMITS = Path(__file__).resolve().parent.parent / "docs" / "known-limits.md"
 CLEAN_ENV = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
 # The stand-in's interpreter has none of the agent image's libraries: a CPython 3.12 that has
 # them (numpy, sympy) records and checks the programs that need them.
@@ -301,9 +301,8 @@ def test_program_answers_alike_with_ready_guests_and_without(
 
 
 def known_limits() -> str:
-    """The README's "Known limits" section."""
-    text = README.read_text()
-    return text.split("## Known limits", 1)[1].split("\n## ", 1)[0]
+    """The docs' "Known limits" page (docs/known-limits.md)."""
+    return KNOWN_LIMITS.read_text()
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ def verl_09(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_healthy_node_passes_every_check_and_prints_one_line_each(
     host: Host, verl_09: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    main(["warm-up"])  # a node warmed up beforehand, as the README says
+    main(["warm-up"])  # a node warmed up beforehand, as the docs say
     capsys.readouterr()
     assert main(["doctor"]) == 0
     lines = capsys.readouterr().out.splitlines()

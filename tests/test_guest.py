@@ -58,8 +58,9 @@ def test_the_micro_vm_gets_a_third_more_than_the_memory_limit_rounded_up(
 
 
 def ladder_in_the_readme() -> list[tuple[int, int, int]]:
-    """The README's table of micro-VM memory: (lowest limit, highest limit, memory) rows."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    """The docs' table of micro-VM memory (docs/sizing.md): (lowest limit, highest limit,
+    memory) rows."""
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "sizing.md").read_text()
     rows = re.findall(r"^  \| (\d+) - (\d+) +\| (\d+) +\|$", readme, re.MULTILINE)
     return [(int(low), int(high), int(memory)) for low, high, memory in rows]
 

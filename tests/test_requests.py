@@ -1,5 +1,5 @@
 """Bad input never escapes as an exception: every malformed request gets the documented answer
-(README, "Failures an operator sees"), and never runs hluk."""
+(docs/operations.md, "Failures an operator sees"), and never runs hluk."""
 
 from __future__ import annotations
 

@@ -252,6 +252,26 @@ ALL: tuple[Setting[Any], ...] = (
 )
 
 
+def reference() -> str:
+    """The reference page of every setting (docs/reference/settings.md is this text, which a
+    test checks): `python -m verl_hyperlight.settings` prints it."""
+    rows = [
+        "# Settings",
+        "",
+        "Every environment variable verl-hyperlight reads, from its one settings module",
+        "(`src/verl_hyperlight/settings.py`; this page is generated from it: `python -m",
+        "verl_hyperlight.settings > docs/reference/settings.md`). A setting is read at each use,",
+        "so a change counts from the next case on; a value that cannot be used is said once at",
+        "WARNING, and the default used.",
+        "",
+        "| variable | when unset | what it does |",
+        "| --- | --- | --- |",
+    ]
+    for setting in ALL:
+        rows.append(f"| `{setting.name}` | {setting.unset} | {setting.description} |")
+    return "\n".join(rows) + "\n"
+
+
 def hluk_cache_directory() -> str:
     """hluk's cache directory, as hluk finds it, made absolute."""
     # A string, not a Path: every case looks at the cache (warmup's cache state), and path
@@ -275,3 +295,7 @@ def variables(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict[st
 
 # The settings' values said to be unusable so far.
 _unusable = CauseCounts()
+
+
+if __name__ == "__main__":
+    print(reference(), end="")

@@ -3,7 +3,7 @@ CPython 3.12 answers it under Sandbox Fusion, and precisely where not.
 
 Every program runs through `run_code`, as the plugin runs a case, and its answer is compared
 with the one recorded from CPython (`conformance`). A difference is a documented known limit
-when it is confined to the fields the program's README entry explains; any other is a
+when it is confined to the fields the program's Known limits entry explains; any other is a
 divergence. The backend is checked first, with doctor's own checks, so a broken node is named
 as such instead of as every program diverging; then the code tool's notebook path, as a
 trajectory's calls take it.
@@ -75,8 +75,8 @@ def default_jobs() -> int:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One program's verdict. `note` is why for a known limit (the README's sentence), a
-    backend failure (its message) or a skip."""
+    """One program's verdict. `note` is why for a known limit (its sentence in
+    docs/known-limits.md), a backend failure (its message) or a skip."""
 
     program: Program
     verdict: str
@@ -405,7 +405,7 @@ def _describe(outcome: Outcome, recorded_python: str) -> list[str]:
     title = outcome.verdict.upper()
     lines = [f"{title}: {program.name} ({program.family})"]
     if outcome.note:
-        label = "README, Known limits" if outcome.verdict == KNOWN_LIMIT else "why"
+        label = "docs/known-limits.md" if outcome.verdict == KNOWN_LIMIT else "why"
         lines.append(f"  {label}: {outcome.note}")
     lines.append(f"  program (run_timeout {program.run_timeout:g} s):")
     lines += [f"    | {line}" for line in program.code.splitlines()]

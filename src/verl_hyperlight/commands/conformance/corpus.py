@@ -3,10 +3,10 @@ gives when Sandbox Fusion runs them (``python solution.py`` in a fresh directory
 written then closed, a clean environment, a wall-clock limit).
 
 Each program belongs to a family (what it exercises) and may name a documented divergence: the
-README "Known limits" sentence that explains it (``known_limits``) and what a micro-VM answers
-instead. The answers
-CPython 3.12 gave are recorded beside this module (``expected.json``), so a node checks itself
-against them without a second interpreter; the test suite re-records them and compares.
+"Known limits" sentence (docs/known-limits.md) that explains it (``known_limits``) and what
+a micro-VM answers instead. The answers CPython 3.12 gave are recorded beside this module
+(``expected.json``), so a node checks itself against them without a second interpreter; the
+test suite re-records them and compares.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ FAMILIES = (
 
 @dataclass(frozen=True)
 class Divergence:
-    """A documented difference: `limit` is the README's "Known limits" sentence that explains
-    it (``known_limits``), which its verdict quotes; `ours` the compared fields a micro-VM
-    answers instead of CPython's (what the stand-in answers; a real micro-VM may answer other
-    values in those same fields)."""
+    """A documented difference: `limit` is the "Known limits" sentence (docs/known-limits.md)
+    that explains it (``known_limits``), which its verdict quotes; `ours` the compared fields a
+    micro-VM answers instead of CPython's (what the stand-in answers; a real micro-VM may
+    answer other values in those same fields)."""
 
     limit: str
     ours: dict[str, object]

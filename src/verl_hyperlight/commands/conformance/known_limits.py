@@ -1,6 +1,6 @@
-"""The README's "Known limits" sentences that the corpus's documented divergences quote, word
-for word: `verl-hyperlight selftest` reports a program that differs as documented with its
-sentence, and the test suite checks that the README still says each."""
+"""The "Known limits" sentences (docs/known-limits.md) that the corpus's documented
+divergences quote, word for word: `verl-hyperlight selftest` reports a program that differs as
+documented with its sentence, and the test suite checks that the docs still say each."""
 
 STDIN_IS_A_FILE = "stdin is a file (as on Codeforces), so `os.fstat(0).st_size` is its size."
 NO_FORK = "No `os.fork()`: no multiprocessing pools, no `os.system`, no shell."
