@@ -409,6 +409,9 @@ class Worker:
     def start_faults(self) -> None:
         """Have the faults injected from now on, if they were not from the start."""
 
+    def wait_until_ready(self) -> None:
+        """Return once the worker would run a case (its guest's gate closed)."""
+
     def disconnect(self) -> None:
         """Stop holding what the soak itself opened in the worker (connections)."""
 
@@ -505,6 +508,16 @@ class Served(Worker):
         except httpx.TransportError:
             return False
 
+    def wait_until_ready(self) -> None:
+        # Its faults run from its start: the warm-up's own runs can open the guest's gate by
+        # chance (three failures to start in a row), and a run begun while it is open would be
+        # answered at once, whole, within its back-off, no fault of the run's injected.
+        deadline = time.monotonic() + 120
+        while not self._ready():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the server's guest did not become ready:\n{self.logged()}")
+            time.sleep(0.2)
+
     def run(self, case: Case) -> dict[str, Any] | None:
         body = {"code": case.code, "stdin": case.stdin, "run_timeout": case.run_timeout}
         try:
@@ -589,6 +602,7 @@ def warm(worker: Worker, threads: int, tag: str) -> None:
     case = Case(-1, "warm-up", code, "", RUN_TIMEOUT, Expected("Success", "Finished", 0, ""))
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda _: worker.run(case), range(threads)))
+    worker.wait_until_ready()
     worker.disconnect()
 
 
