@@ -98,8 +98,9 @@ HALF_FULL = "(case directories keep it at least half free)"
         ("size=2m", False, {TOO_SMALL}),
         # Room for the cases' bytes, but inodes for one case at a time (the tmpfs's root, and
         # a case's directory, solution and stdin): the others' directory or files cannot be
-        # made (ENOSPC).
-        ("size=64m,nr_inodes=4", True, {FULL}),
+        # made (ENOSPC). Sixteen racing for them may each take one and all fail (seen in CI at
+        # 3ba5264, 3.10): whether any case lands there is left open (None).
+        ("size=64m,nr_inodes=4", None, {FULL}),
         # Room for some cases' bytes: those that would take it past half full go to TMPDIR,
         # and those that found room before the others had written may find it full.
         ("size=12m", True, {HALF_FULL, FULL}),
@@ -110,7 +111,7 @@ def test_a_tmpfs_too_small_or_full_sends_cases_to_tmpdir_said_once_and_answers_a
     worker_tmp: Path,
     tmp_path: Path,
     tmpfs_options: str,
-    cases_on_tmpfs: bool,
+    cases_on_tmpfs: bool | None,
     reasons: set[str],
 ) -> None:
     answers, left, stderr = run_worker(tmp_path, tmpfs_options, 16, 1.0)
@@ -122,7 +123,7 @@ def test_a_tmpfs_too_small_or_full_sends_cases_to_tmpdir_said_once_and_answers_a
     assert wrong == [], wrong
     where = mounts(host)[1:]
     assert len(where) == 16
-    assert ("/dev/shm" in where) == cases_on_tmpfs and str(worker_tmp) in where, where
+    assert cases_on_tmpfs in (None, "/dev/shm" in where) and str(worker_tmp) in where, where
     assert left == [] and list(worker_tmp.glob("verl-hyperlight-*")) == []
     # Each reason said once, at WARNING, with what to do.
     said = [line for line in stderr.splitlines() if line.startswith("WARNING")]
