@@ -4,19 +4,25 @@ page is reachable, and the settings reference is the settings module's. CI build
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import logging
 import os
 import re
+import shlex
 import subprocess
 import sys
-from collections.abc import Callable
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
-from serving import Served
+from serving import free_port
 
-from verl_hyperlight import settings
+from verl_hyperlight import diagnosis, settings
+from verl_hyperlight.agent.calls import ToolSettings
+from verl_hyperlight.case.url import DEFAULT_RESOURCE, is_ours
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -67,58 +73,312 @@ def test_the_settings_reference_is_the_settings_modules_own() -> None:
         assert f"| `{setting.name}` |" in page
 
 
-def test_the_readmes_python_example_prints_what_it_shows(hluk: Path) -> None:
-    (code,) = fenced(README.read_text(), "python")
-    (shown,) = fenced(README.read_text(), "text")
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=os.environ
+# Every code example of the README and the docs runs here, against the stand-in hluk, so none
+# goes stale. A ```bash block runs under bash, line for line as a reader would type it, but for
+# the lines that cannot run in a test (each has its rule below, which checks what the line says
+# instead); a ```python block runs and, with a ```text block right after it, prints exactly
+# that; a ```yaml block is loaded as its reader's program would load it. A ```json or ```text
+# block right after an example is what that example prints. docs/index.md is the README's own
+# (test_the_home_page_is_the_readme), so its examples run once, as the README's.
+RUNNABLE = ("bash", "python", "yaml")
+OUTPUTS = ("json", "text")
+EXAMPLE_TIMEOUT = 600  # seconds: selftest runs its whole corpus
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str  # relative to the checkout
+    line: int  # of its opening fence
+    language: str
+    body: str
+
+
+@dataclass(frozen=True)
+class Example:
+    block: Block
+    output: Block | None  # what it prints, shown right after it
+
+    @property
+    def needs_verl(self) -> bool:
+        return "examples/score_codecontests.py" in self.block.body
+
+
+def blocks(page: Path) -> list[tuple[Block, int, int]]:
+    """The fenced blocks of a page, each with where it starts and ends in the text."""
+    text = page.read_text()
+    return [
+        (
+            Block(str(page.relative_to(ROOT)), text.count("\n", 0, m.start()) + 1, m[1], m[2]),
+            m.start(),
+            m.end(),
+        )
+        for m in re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+    ]
+
+
+def example_pages() -> list[Path]:
+    return [README, *sorted(p for p in DOCS.rglob("*.md") if p != DOCS / "index.md")]
+
+
+def examples() -> list[Example]:
+    found = []
+    for page in example_pages():
+        text, fenced_blocks = page.read_text(), blocks(page)
+        for i, (block, _, end) in enumerate(fenced_blocks):
+            if block.language not in RUNNABLE:
+                continue
+            output = None
+            if i + 1 < len(fenced_blocks):
+                after, start, _ = fenced_blocks[i + 1]
+                if after.language in OUTPUTS and not text[end:start].strip():
+                    output = after
+            found.append(Example(block, output))
+    return found
+
+
+EXAMPLES = examples()
+
+
+def test_every_block_is_an_example_or_shows_what_one_prints() -> None:
+    outputs = {example.output for example in EXAMPLES}
+    for page in example_pages():
+        for block, _, _ in blocks(page):
+            where = f"{block.page}:{block.line}"
+            assert block.language in RUNNABLE + OUTPUTS, f"{where}: ```{block.language}"
+            if block.language in OUTPUTS:
+                assert block in outputs, f"{where}: shows the output of no example before it"
+    assert len(EXAMPLES) >= 10
+
+
+def test_no_page_has_an_indented_code_block() -> None:
+    """An indented block would be an example that nothing runs: every one is fenced."""
+    markdown = pytest.importorskip("markdown", reason="the docs extra renders the pages")
+    for page in [README, *DOCS.rglob("*.md")]:
+        html = markdown.markdown(page.read_text(), extensions=["fenced_code", "tables"])
+        assert "<pre><code>" not in html, f"{page}: an indented code block"
+
+
+def test_the_home_page_is_the_readme() -> None:
+    """docs/index.md is the README with its links made the site's own."""
+    readme = README.read_text().replace("](docs/", "](")
+    readme = readme.replace(
+        "The docs (`pip install -e '.[docs]' && mkdocs serve`, or read `docs/` here):",
+        "The pages of this site:",
     )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == shown
+    assert (DOCS / "index.md").read_text() == readme
 
 
-def test_the_readmes_curl_gets_the_reply_it_shows(serve: Callable[..., Served]) -> None:
-    text = README.read_text()
-    body = json.loads(re.search(r"-d '(\{.*\})'", text)[1])  # type: ignore[index]
-    assert "-H 'Content-Type: application/json'" in text
-    (shown,) = fenced(text, "json")
-    reply = serve().post(body)
-    assert reply.status_code == 200
-    answer, expected = reply.json(), json.loads(shown)
-    for response in (answer, expected):
-        response["run_result"].pop("execution_time")
-    assert answer == expected
+def example_id(example: Example) -> str:
+    return f"{example.block.page}:{example.block.line}"
 
 
-def test_trying_it_without_kvm_runs_as_the_readme_shows(
-    standin_env: dict[str, str], tmp_path: Path
+@pytest.mark.parametrize("example", [e for e in EXAMPLES if not e.needs_verl], ids=example_id)
+def test_each_example_runs(
+    example: Example, standin_env: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    text = README.read_text()
-    section = text[text.index("## Try it without KVM") :]
-    assert (
-        "export HLUK_PATH=$PWD/tests/standin/hluk VERL_HYPERLIGHT_HLUK_ENV='HLUK_STANDIN_*'"
-        in section
-    )
-    assert "verl-hyperlight run examples/hello.py <<< olleh" in section
-    cli = "import sys; from verl_hyperlight.cli import main; sys.exit(main(sys.argv[1:]))"
-    environment = {
-        **os.environ,
-        "HLUK_PATH": str(ROOT / "tests" / "standin" / "hluk"),
-        "VERL_HYPERLIGHT_HLUK_ENV": "HLUK_STANDIN_*",
-        "HLUK_STANDIN_BWRAP": standin_env["HLUK_STANDIN_BWRAP"],
-        "HLUK_CACHE_DIR": standin_env["HLUK_CACHE_DIR"],
-    }
+    run_example(example, standin_env, tmp_path, caplog)
+
+
+@pytest.mark.parametrize("example", [e for e in EXAMPLES if e.needs_verl], ids=example_id)
+def test_each_example_that_needs_verl_runs(
+    example: Example, standin_env: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CI's verl leg runs these."""
+    pytest.importorskip("verl", reason="needs verl (CI's verl leg runs it)")
+    run_example(example, standin_env, tmp_path, caplog)
+
+
+def run_example(
+    example: Example,
+    standin_env: dict[str, str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    block = example.block
+    if block.language == "yaml":
+        assert example.output is None
+        check_yaml(block, caplog)
+        return
+    environment = example_environment(block, standin_env)
+    if block.language == "python":
+        command = [sys.executable, "-c", block.body]
+    else:
+        command = ["bash", "-c", shell_script(block, tmp_path)]
     done = subprocess.run(
-        [sys.executable, "-c", cli, "run", "examples/hello.py"],
-        input="olleh\n",
+        command,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=EXAMPLE_TIMEOUT,
         cwd=ROOT,
         env=environment,
+        stdin=subprocess.DEVNULL,
     )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["run_result"]["stdout"] == "hello\n"
+    assert done.returncode == 0, (
+        f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+    if example.output is None:
+        return
+    if example.output.language == "json":
+        answer, shown = json.loads(done.stdout), json.loads(example.output.body)
+        for response in (answer, shown):
+            response["run_result"].pop("execution_time")
+        assert answer == shown
+    else:
+        assert done.stdout == example.output.body
+
+
+def example_environment(block: Block, standin_env: dict[str, str]) -> dict[str, str]:
+    """This process's environment with the stand-in as an installed hluk: on PATH's place
+    (HLUK_PATH), and its bubblewrap passed through. A block that points at the stand-in itself
+    (Try it without KVM) gets only its cache, so it is seen doing so."""
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("HLUK_", "VERL_HYPERLIGHT_"))
+    }
+    environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment['PATH']}"
+    environment["HLUK_CACHE_DIR"] = standin_env["HLUK_CACHE_DIR"]
+    if "HLUK_PATH=" not in block.body:
+        environment.update(standin_env)
+        environment["VERL_HYPERLIGHT_HLUK_ENV"] = "HLUK_STANDIN_*"
+    return environment
+
+
+# The lines a test cannot run, each checked for what it says instead, replaced by `:`.
+CLONE = re.compile(r"git clone <this repository's URL> (\S+) && cd (\S+)")
+PIP = re.compile(r"pip install -e (\.|'\.\[([\w,]+)\]')((?: \S+==\S+)*)( && pytest)?")
+VERL_RUN = re.compile(r"python -m verl\.trainer\.main_ppo \.\.\.((?: \S+=\S+)+)")
+RAY_JOIN = re.compile(r"ray start --address=HEAD:6379 --resources=('.*')")
+SERVE = re.compile(r"verl-hyperlight serve (.*?)( &)?")
+
+
+def shell_script(block: Block, tmp_path: Path) -> str:
+    """The block as bash runs it here: `set -e`, its port a free one, its lines run but for
+    those that cannot run in a test, each of which is checked and left out."""
+    port = str(free_port())
+    script = [
+        "set -eo pipefail",
+        # What the block leaves running in the background ends with it.
+        "trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT",
+        'ready() { for _ in $(seq 1200); do curl -sf "localhost:$1/readyz" >/dev/null && '
+        'return 0; sleep 0.1; done; echo "serve on $1 never got ready" >&2; return 1; }',
+    ]
+    for line in logical_lines(block.body):
+        command = re.sub(r"\s+# .*$", "", line).replace("8080", port)
+        script.append(shell_line(command, tmp_path, port))
+    return "\n".join(script)
+
+
+def logical_lines(body: str) -> list[str]:
+    """A block's commands: lines ending in a backslash joined with the next."""
+    return [line for line in re.sub(r"\s*\\\n\s*", " ", body).splitlines() if line.strip()]
+
+
+def shell_line(command: str, tmp_path: Path, port: str) -> str:
+    if m := CLONE.fullmatch(command):
+        assert m[1] == m[2], command
+        return f"cd {tmp_path} && git clone -q {ROOT} {m[1]} && cd {m[1]}"
+    if command == diagnosis.INSTALL_COMMAND:
+        # hluk's installer: its hosts are out of reach here, and the stand-in is the hluk.
+        return ":"
+    if m := PIP.fullmatch(command):
+        extras = (m[2] or "").split(",") if m[2] else []
+        declared = declared_extras()
+        for extra in extras:
+            assert extra in declared, f"{command}: no extra {extra!r}"
+        ci = (ROOT / ".ci" / "run").read_text()
+        for pin in m[3].split():
+            assert pin in ci, f"{command}: CI does not test with {pin}"
+        if m[4]:
+            assert "&& pytest)" in ci, "CI runs another test command than the docs name"
+        # This environment has the package with those extras: installing is CI's own step.
+        return ":"
+    if m := VERL_RUN.fullmatch(command):
+        # A training run: its overrides are checked against verl's own config
+        # (test_the_docs_verl_overrides_are_verls_own).
+        return ":"
+    if m := RAY_JOIN.fullmatch(command):
+        # A node joining a cluster (HEAD is the reader's): it offers what `?ray` asks for.
+        assert DEFAULT_RESOURCE in json.loads(shlex.split(m[1])[0]), command
+        return ":"
+    if m := SERVE.fullmatch(command):
+        if m[2]:
+            return command
+        # A server in the foreground: started, seen ready and stopped, as its reader would.
+        return f"{command} & ready {port}; kill -TERM $!; wait $! || [ $? = 143 ]"
+    assert "<" not in command.replace("<<<", ""), f"a placeholder no rule replaces: {command}"
+    return command
+
+
+def declared_extras() -> list[str]:
+    return importlib.metadata.metadata("verl-hyperlight").get_all("Provides-Extra") or []
+
+
+def check_yaml(block: Block, caplog: pytest.LogCaptureFixture) -> None:
+    """A tool config (whole, or the `config:` line of one) as verl's tool loader gives it to
+    the tool; a KubeRay worker group as `ray start` reads its resources."""
+    loaded = yaml.safe_load(textwrap.dedent(block.body))
+    if "workerGroupSpecs" in loaded:
+        for group in loaded["workerGroupSpecs"]:
+            # KubeRay passes it as `ray start --resources=<this>`: the shell's quotes removed.
+            resources = json.loads(shlex.split(group["rayStartParams"]["resources"])[0])
+            assert DEFAULT_RESOURCE in resources, resources
+            volumes = group["template"]["spec"]["volumes"]
+            assert {"path": "/dev/kvm", "type": "CharDevice"} in [v["hostPath"] for v in volumes]
+        return
+    tools = loaded["tools"] if "tools" in loaded else [{"config": loaded["config"]}]
+    for tool in tools:
+        if "class_name" in tool:
+            module, _, name = tool["class_name"].rpartition(".")
+            assert (module, name) == ("verl_hyperlight.tool", "CodeInterpreterTool"), tool
+        with caplog.at_level(logging.WARNING):
+            settings_ = ToolSettings.from_config(tool["config"])
+        assert not caplog.records, [record.getMessage() for record in caplog.records]
+        assert is_ours(settings_.url)
+
+
+def documented_training_runs() -> list[tuple[list[str], str]]:
+    """The overrides of every `python -m verl.trainer.main_ppo` line of the examples, each with
+    the verl versions its comment names ("" when it names none)."""
+    runs = []
+    for example in EXAMPLES:
+        if example.block.language != "bash":
+            continue
+        for line in logical_lines(example.block.body):
+            command, _, comment = line.partition("  # ")
+            if m := VERL_RUN.fullmatch(command.strip()):
+                runs.append((shlex.split(m[1]), comment.strip()))
+    return runs
+
+
+def test_the_docs_verl_overrides_are_verls_own() -> None:
+    """Each documented training run's overrides compose with the installed verl's trainer
+    config, where the line is for that verl: a misspelt key fails, as verl would."""
+    verl = pytest.importorskip("verl", reason="needs verl (CI's verl leg runs it)")
+    hydra = pytest.importorskip("hydra")
+    from omegaconf import OmegaConf
+
+    installed = release(verl.__version__)
+    checked = 0
+    for overrides, versions in documented_training_runs():
+        if versions:
+            low, high = versions.removeprefix("verl ").split(" - ")
+            if not release(low) <= installed <= release(high, last=True):
+                continue
+        with hydra.initialize_config_module("verl.trainer.config", version_base=None):
+            config = hydra.compose("ppo_trainer", overrides=overrides)
+        for override in overrides:
+            key, _, value = override.partition("=")
+            assert str(OmegaConf.select(config, key)) == value, override
+        checked += 1
+    assert checked >= 2
+
+
+def release(version: str, last: bool = False) -> tuple[int, ...]:
+    """ "0.9.1" as (0, 9, 1); "0.9.x", or "0.9" with `last`, as the last 0.9 release."""
+    parts = version.split(".")
+    parts += ["x" if last else "0"] * (3 - len(parts))
+    return tuple(10**6 if part == "x" else int(part) for part in parts[:3])
 
 
 @pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))

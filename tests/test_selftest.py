@@ -377,3 +377,11 @@ def test_the_verdict_says_why_programs_were_skipped_and_where_they_run() -> None
     wanted = ", ".join(sorted({name for p in needing for name in p.needs}))
     assert f"{len(needing)} skipped: they need {wanted}, which this image lacks" in line
     assert "selftest hyperlight://agent" in line
+
+
+def test_skips_on_the_agent_url_do_not_send_the_user_to_the_agent_url() -> None:
+    needing = [p for p in PROGRAMS if p.needs]
+    skipped = [st.Outcome(p, st.SKIPPED, [], [], [], "the image has no x") for p in needing]
+    line = st._verdict(st.Report("hyperlight://agent", "3.12.0", [], outcomes=skipped))
+    assert "which this guest lacks although the published agent image has them" in line
+    assert "HLUK_INITRD" in line and "selftest hyperlight://agent" not in line

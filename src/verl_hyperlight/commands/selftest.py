@@ -24,6 +24,7 @@ from typing import Any
 
 from ..agent.notebook import Notebook
 from ..case.api import run_code
+from ..case.url import parse_url
 from ..guest import runner
 from . import doctor
 from .conformance import (
@@ -362,6 +363,16 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
+def _lacking(url: str) -> str:
+    """Why a guest lacks the libraries some programs need, and where they are."""
+    if parse_url(url).image == "agent":
+        return (
+            "which this guest lacks although the published agent image has them: this hluk "
+            "boots another guest (HLUK_INITRD set, or a stand-in hluk)"
+        )
+    return "which this image lacks (the agent image has them: `verl-hyperlight selftest hyperlight://agent`)"
+
+
 def _verdict(report: Report) -> str:
     counts = {
         verdict: sum(o.verdict == verdict for o in report.outcomes)
@@ -382,9 +393,8 @@ def _verdict(report: Report) -> str:
         needed = sorted(
             {n for o in report.outcomes if o.verdict == SKIPPED for n in o.program.needs}
         )
-        text += (
-            f"; {counts[SKIPPED]} skipped: they need {', '.join(needed)}, which this image lacks "
-            "(the agent image has them: `verl-hyperlight selftest hyperlight://agent`)"
+        text += f"; {counts[SKIPPED]} skipped: they need {', '.join(needed)}, " + _lacking(
+            report.url
         )
     failed = [check.name for check in report.checks if check.status == "fail"]
     if failed:
