@@ -4,17 +4,23 @@ page is reachable, and the settings reference is the settings module's. CI build
 
 from __future__ import annotations
 
+import functools
+import http.server
 import importlib.metadata
 import json
 import logging
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -385,3 +391,113 @@ def release(version: str, last: bool = False) -> tuple[int, ...]:
 def test_each_page_opens_with_its_title(page: str) -> None:
     first = (DOCS / page).read_text().splitlines()[0]
     assert first.startswith("# "), first
+
+
+# The built site as a person sees it: headless Chromium (Debian's, which .ci/run installs)
+# driven by Playwright. CI keeps the screenshots in .ci/screenshots (CI_SCREENSHOTS).
+SITE_PAGES = {"home": "", "settings": "reference/settings/"}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The docs site built as CI builds it, served on a free loopback port: its base URL."""
+    pytest.importorskip("mkdocs", reason="the docs extra builds the site")
+    built = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(built)],
+        cwd=ROOT,
+        check=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(built))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the screenshots extra")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (.ci/run installs Debian's)")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=chromium,
+            # As root in a container, with no network beyond loopback.
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def screenshots(tmp_path: Path) -> Path:
+    kept = os.environ.get("CI_SCREENSHOTS")
+    folder = Path(kept) if kept else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.mark.parametrize("name", sorted(SITE_PAGES))
+def test_a_page_of_the_site_shows_its_navigation_and_search_box(
+    name: str, site: str, browser: Any, tmp_path: Path
+) -> None:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    titles = [next(iter(entry)) for entry in config["nav"]]
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url))
+    try:
+        page.goto(site + SITE_PAGES[name], wait_until="networkidle")
+        # Nothing from beyond the site (no web fonts): it reads the same on an air-gapped node.
+        assert [url for url in asked if not url.startswith(site)] == []
+        navigation = page.locator("nav.md-nav--primary")
+        assert navigation.first.is_visible()
+        for title in titles:
+            shown = navigation.first.get_by_text(title, exact=True)
+            assert any(shown.nth(i).is_visible() for i in range(shown.count())), title
+        search = page.locator("input.md-search__input")
+        assert search.is_visible()
+        box = search.bounding_box()
+        assert box is not None and box["width"] > 100 and box["y"] < 60  # in the header
+        page.screenshot(path=str(screenshots(tmp_path) / f"{name}.png"))
+    finally:
+        page.close()
+
+
+def test_the_sites_search_finds_a_setting(site: str, browser: Any, tmp_path: Path) -> None:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.goto(site, wait_until="networkidle")
+        # As a person does: a click in the box, then the keys.
+        page.locator("input.md-search__input").click()
+        page.keyboard.type("HLUK_PATH", delay=20)
+        results = page.locator(".md-search-result__item")
+        results.first.wait_for(state="visible", timeout=30_000)
+        assert "HLUK_PATH" in results.first.inner_text()
+        assert "matching document" in page.locator(".md-search-result__meta").inner_text()
+        page.screenshot(path=str(screenshots(tmp_path) / "search.png"))
+    finally:
+        page.close()
