@@ -83,6 +83,16 @@ def test_an_absurd_memory_limit_is_refused_by_every_command_as_serve_refuses_it(
     assert f"100000000 MiB is more than half this node's memory ({half} MiB)" in said
 
 
+def test_serve_refuses_a_cap_past_the_most_a_case_may_ask_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--port", "0", "--max-memory-mb", str(most_memory_mb() + 1)])
+    assert exited.value.code == 2
+    said = capsys.readouterr().err
+    assert f"more than half this node's memory ({most_memory_mb()} MiB)" in said
+
+
 def test_run_prints_the_response_verl_would_get(
     hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

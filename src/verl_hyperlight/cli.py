@@ -218,10 +218,10 @@ def _add_serve(commands: _Commands) -> None:
     )
     serve.add_argument(
         "--max-memory-mb",
-        type=_positive_int,
+        type=_max_memory,
         default=None,
         help="largest memory_limit_MB a request may ask for; past it, a SandboxError "
-        "(default: half this node's memory, at least --memory-limit-mb)",
+        "(default and most: half this node's memory)",
     )
     serve.add_argument(
         "--max-run-timeout",
@@ -238,11 +238,20 @@ def _memory_limit(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB") from None
+    return _within_memory(value)
+
+
+def _max_memory(text: str) -> int:
+    """serve's --max-memory-mb: a cap that may lower the most a case may ask for, not raise it."""
+    return _within_memory(_positive_int(text))
+
+
+def _within_memory(value: int) -> int:
     most = most_memory_mb()
     if value > most:
         raise argparse.ArgumentTypeError(
             f"{value} MiB is more than half this node's memory ({most} MiB), the most a case may "
-            "ask for (as serve refuses such a request)"
+            "ask for (run_code and serve refuse such a case)"
         )
     return value
 

@@ -101,8 +101,9 @@ def node_memory_mb() -> int:
 
 
 def most_memory_mb() -> int:
-    """The largest memory limit a case may ask for by default: half this node's memory (serve
-    refuses a request past it; the commands refuse such a --memory-limit-mb)."""
+    """The largest memory limit a case may ask for: half this node's memory. run_code refuses a
+    case past it, serve a request (and a --max-memory-mb) past it, the commands such a
+    --memory-limit-mb."""
     return node_memory_mb() // 2
 
 
@@ -143,6 +144,13 @@ def guest_for(url: str, memory_limit_mb: object) -> Guest:
             f"memory_limit_mb={memory_limit_mb} is below what {image.label} boots in: the guest "
             "kernel enforces no per-process limit, so the limit is the micro-VM's memory; "
             f"use at least {image.min_memory_mb} (or None/-1/0 for the image's default)"
+        )
+    most = most_memory_mb()
+    if memory_limit_mb > most:
+        raise InvalidRequest(
+            f"memory_limit_mb={memory_limit_mb} is more than half this node's memory "
+            f"({most} MiB), the most a case may ask for: the limit is the micro-VM's memory, in "
+            "MiB (verl's default is 1024)"
         )
     return Guest(image, memory_for(memory_limit_mb))
 
