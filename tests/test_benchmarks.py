@@ -4,6 +4,7 @@ every way of starting hluk this machine has (a few cases each: its figures are n
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,11 @@ def ready_tables(script: str, *args: str) -> list[list[str]]:
         env=os.environ,
     )
     assert done.returncode == 0, done.stderr
-    assert "ready guests o" in done.stdout and done.stderr == ""
+    assert "ready guests o" in done.stdout
+    # Nothing on stderr but what a starved machine may warn: c=64 back to back on 2 busy cores
+    # can keep the spawner off the CPU past its 5 s (CI at 6f6a8a0, 3.10); the case is answered.
+    starved = re.compile(r"verl-hyperlight: the spawner of hluk processes \(pid \d+\) did not say ")
+    assert all(starved.match(line) for line in done.stderr.splitlines()), done.stderr
     return [line.split() for line in done.stdout.splitlines() if line.lstrip().startswith("c=")]
 
 

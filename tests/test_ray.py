@@ -491,9 +491,11 @@ def test_the_readmes_ray_section_shows_the_config_and_resource_the_tests_use() -
     from verl_hyperlight.case.url import DEFAULT_RESOURCE, parse_url
 
     (_, keys), (_, start), (language, kuberay) = fenced(readme_section())
+    command = shlex.split(keys.replace("\\\n", " "))
+    assert command[:4] == ["python", "-m", "verl.trainer.main_ppo", "..."]
     shown: dict[str, Any] = {}
-    for line in keys.split():
-        name, _, value = line.removeprefix("reward.sandbox_fusion.").partition("=")
+    for override in command[4:]:
+        name, _, value = override.removeprefix("reward.sandbox_fusion.").partition("=")
         shown[name] = int(value) if value.isdigit() else value
     assert shown == RAY_REWARD_CONFIG  # the config test_verls_reward_loop_... scores with
     assert parse_url(shown["url"]).ray == DEFAULT_RESOURCE == "hyperlight"
