@@ -395,7 +395,7 @@ def test_each_page_opens_with_its_title(page: str) -> None:
 
 # The built site as a person sees it: headless Chromium (Debian's, which .ci/run installs)
 # driven by Playwright. CI keeps the screenshots in .ci/screenshots (CI_SCREENSHOTS).
-SITE_PAGES = {"home": "", "settings": "reference/settings/"}
+SITE_PAGES = {"home": "", "settings": "reference/settings/", "troubleshooting": "troubleshooting/"}
 
 
 @pytest.fixture(scope="module")
