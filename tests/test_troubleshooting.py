@@ -43,21 +43,17 @@ def first_cells(text: str) -> list[str]:
 class Case:
     """What a scenario has at hand: the stand-in host, a solution file, and what was said."""
 
-    def __init__(
-        self,
-        host: Host,
-        tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str],
-        caplog: pytest.LogCaptureFixture,
-        fail_file: Path,
-        serve: Callable[..., Served],
-    ) -> None:
-        self.host, self.tmp_path, self.monkeypatch = host, tmp_path, monkeypatch
-        self.capsys, self.caplog, self.fail_file, self.serve = capsys, caplog, fail_file, serve
-        self.solution = tmp_path / "solution.py"
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self.fixture = request.getfixturevalue  # what only some scenarios need, started then
+        self.host: Host = self.fixture("host")
+        self.tmp_path: Path = self.fixture("tmp_path")
+        self.monkeypatch: pytest.MonkeyPatch = self.fixture("monkeypatch")
+        self.capsys: pytest.CaptureFixture[str] = self.fixture("capsys")
+        self.caplog: pytest.LogCaptureFixture = self.fixture("caplog")
+        self.caplog.set_level(logging.WARNING)
+        self.solution = self.tmp_path / "solution.py"
         self.solution.write_text("print(1)\n")
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO()))  # `run`'s input
+        self.monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO()))  # `run`'s input
 
     def said(self, *argv: str) -> str:
         """What `verl-hyperlight ARGV` printed and logged."""
@@ -104,12 +100,12 @@ def script_of_another_tool(version: str) -> Callable[[Case], str]:
 
 
 def no_kvm(case: Case) -> str:
-    fail_with(case.monkeypatch, case.fail_file, KVM_FAILURE, 100)
+    fail_with(case.monkeypatch, case.fixture("fail_file"), KVM_FAILURE, 100)
     return case.run()
 
 
 def form_encoded_request(case: Case) -> str:
-    served = case.serve()
+    served: Served = case.fixture("serve")()
     with served.client() as client:  # what `curl -d 'code=print(1)'` sends
         reply = client.post("/run_code", data={"code": "print(1)", "language": "python"})
     assert reply.status_code == 422
@@ -159,18 +155,9 @@ SCENARIOS: dict[str, Callable[[Case], str]] = {
 
 @pytest.mark.parametrize("message", SCENARIOS)
 def test_each_message_the_page_lists_is_said_in_its_case(
-    message: str,
-    host: Host,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    caplog: pytest.LogCaptureFixture,
-    fail_file: Path,
-    serve: Callable[..., Served],
+    message: str, request: pytest.FixtureRequest
 ) -> None:
-    caplog.set_level(logging.WARNING)
-    case = Case(host, tmp_path, monkeypatch, capsys, caplog, fail_file, serve)
-    said = SCENARIOS[message](case)
+    said = SCENARIOS[message](Case(request))
     assert message in said, said
 
 
