@@ -229,7 +229,8 @@ def _kvm() -> Check:
             "/dev/kvm",
             f"{KVM_DEVICE} does not exist: this node has no KVM (a VM without nested "
             "virtualization, or a container without the device)",
-            "run on a node with KVM, or send the cases to one with `verl-hyperlight serve`",
+            "run on a node with KVM, or send the cases to nodes that have it: "
+            "hyperlight://?ray (the Ray cluster's KVM nodes) or a `verl-hyperlight serve` there",
         )
     if not _can_use(KVM_DEVICE):
         group = grp.getgrgid(os.stat(KVM_DEVICE).st_gid).gr_name
