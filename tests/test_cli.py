@@ -46,28 +46,40 @@ def test_warm_up_says_what_failed_and_exits_1(
     assert "hluk was not found at" in capsys.readouterr().err
 
 
-def test_warm_up_refuses_a_memory_limit_below_the_image(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert main(["warm-up", "hyperlight://agent", "--memory-limit-mb", "512"]) == 1
-    assert "use at least 720" in capsys.readouterr().err
+REFUSED_SETTINGS = [
+    (["hyperlight:/"], "did you mean 'hyperlight://'?"),
+    (["http://sandbox/run_code"], "verl-hyperlight serves hyperlight://"),
+    (["hyperlight://agent", "--memory-limit-mb", "512"], "use at least 720"),
+    (["hyperlight://", "--memory-limit-mb", "-5"], "is not a memory size"),
+]
 
 
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--url", "hyperlight:/"], "did you mean 'hyperlight://'?"),
-        (["--url", "http://sandbox/run_code"], "verl-hyperlight serves hyperlight://"),
-        (["--url", "hyperlight://agent", "--memory-limit-mb", "512"], "use at least 720"),
+        *(
+            (["serve", "--port", "0", "--url", *setting], says)
+            for setting, says in REFUSED_SETTINGS
+        ),
+        *((["warm-up", *setting], says) for setting, says in REFUSED_SETTINGS),
+        # run sends a case to an http(s) URL (tested below); selftest takes no memory limit.
+        *(
+            (["run", "/dev/null", "--url", *setting], says)
+            for setting, says in REFUSED_SETTINGS
+            if not setting[0].startswith("http")
+        ),
+        (["selftest", "hyperlight:/"], "did you mean 'hyperlight://'?"),
+        (["selftest", "http://sandbox/run_code"], "verl-hyperlight serves hyperlight://"),
     ],
 )
-def test_serve_with_a_setting_it_cannot_run_a_case_with_stops_at_once(
+def test_a_setting_no_case_could_run_with_stops_the_command_at_once_as_a_usage_error(
     capsys: pytest.CaptureFixture[str], args: list[str], says: str
 ) -> None:
-    """As uvicorn stops on an app it cannot import, not serving 503 for ever."""
-    assert main(["serve", "--port", "0", *args]) == 2
+    """As uvicorn stops on an app it cannot import: serve does not answer 503 for ever, and
+    warm-up, run and selftest exit 2 (a usage error) with one line naming the command."""
+    assert main(args) == 2
     said = capsys.readouterr().err
-    assert said.startswith("verl-hyperlight serve: ") and says in said
+    assert said.startswith(f"verl-hyperlight {args[0]}: ") and says in said, said
     assert said.count("\n") == 1
 
 

@@ -313,12 +313,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--max-memory-mb is below --memory-limit-mb ({args.memory_limit_mb})")
     if args.command == "serve" and (args.max_bodies_mb or args.max_body_mb) < args.max_body_mb:
         parser.error(f"--max-bodies-mb is below --max-body-mb ({args.max_body_mb})")
-    if args.command == "serve":
-        try:  # a server that could run no case must not start, answering 503 forever
-            guest_for(args.url, args.memory_limit_mb)
-        except InvalidRequest as exc:
-            print(f"verl-hyperlight serve: {exc}", file=sys.stderr)
-            return 2
+    refused = _refused_setting(args)
+    if refused is not None:
+        print(f"verl-hyperlight {args.command}: {refused}", file=sys.stderr)
+        return 2
     if args.command == "warm-up":
         try:
             guest = guest_for(args.url, args.memory_limit_mb)
@@ -363,6 +361,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _selftest(args)
     parser.print_help()
     return 0
+
+
+def _refused_setting(args: argparse.Namespace) -> InvalidRequest | None:
+    """What refuses the sandbox URL and memory limit given to a command that runs cases here
+    (a usage error, exit 2: no case could run with them; a server must not start and answer
+    503 for ever). doctor reports them as its guest check instead; an http(s) URL for run is
+    the remote's to judge."""
+    if args.command not in ("serve", "warm-up", "run", "selftest"):
+        return None
+    if args.command == "run" and args.url.lower().startswith(("http://", "https://")):
+        return None
+    if args.command == "selftest":
+        from .commands import selftest
+
+        memory_limit_mb = selftest.MEMORY_LIMIT_MB
+    else:
+        memory_limit_mb = args.memory_limit_mb
+    try:
+        guest_for(args.url, memory_limit_mb)
+    except InvalidRequest as exc:
+        return exc
+    return None
 
 
 def _post(
@@ -520,11 +540,6 @@ def _selftest(args: argparse.Namespace) -> int:
         if not args.json:
             print(doctor.render([check]), flush=True)
 
-    try:
-        guest_for(args.url, selftest.MEMORY_LIMIT_MB)
-    except InvalidRequest as exc:
-        print(f"verl-hyperlight: {exc}", file=sys.stderr)
-        return 1
     jobs = args.jobs or selftest.default_jobs()
     with _progress(f"running the conformance corpus, {jobs} at once"):
         report = selftest.selftest(args.url, jobs, on_check=show)
