@@ -18,7 +18,7 @@ from typing import TypeAlias
 from . import __version__, diagnosis
 from .case import warmup
 from .case.api import run_code
-from .case.guests import guest_for, most_memory_mb
+from .case.guests import Guest, guest_for, most_memory_mb
 from .errors import BackendError, InvalidRequest
 from .hluk import process as hluk
 from .hluk.spawn import raise_descriptor_limit
@@ -313,16 +313,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--max-memory-mb is below --memory-limit-mb ({args.memory_limit_mb})")
     if args.command == "serve" and (args.max_bodies_mb or args.max_body_mb) < args.max_body_mb:
         parser.error(f"--max-bodies-mb is below --max-body-mb ({args.max_body_mb})")
-    refused = _refused_setting(args)
-    if refused is not None:
-        print(f"verl-hyperlight {args.command}: {refused}", file=sys.stderr)
+    try:
+        guest = _guest(args)
+    except InvalidRequest as exc:
+        print(f"verl-hyperlight {args.command}: {exc}", file=sys.stderr)
         return 2
     if args.command == "warm-up":
+        assert guest is not None
         try:
-            guest = guest_for(args.url, args.memory_limit_mb)
             with _progress(f"seeing {guest.image.label} warm (a pull and a boot if needed)"):
                 warmth = warmup.ensure_ready(hluk.hluk_path(), guest)
-        except (InvalidRequest, BackendError) as exc:
+        except BackendError as exc:
             print(f"verl-hyperlight: {exc}", file=sys.stderr)
             return 1
         print(f"{guest.image.label} is warm on this node{_how(warmth)}")
@@ -363,11 +364,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _refused_setting(args: argparse.Namespace) -> InvalidRequest | None:
-    """What refuses the sandbox URL and memory limit given to a command that runs cases here
-    (a usage error, exit 2: no case could run with them; a server must not start and answer
-    503 for ever). doctor reports them as its guest check instead; an http(s) URL for run is
-    the remote's to judge."""
+def _guest(args: argparse.Namespace) -> Guest | None:
+    """The guest a command that runs cases here asks for with its sandbox URL and memory limit
+    (None for the others, and for run with an http(s) URL: the remote's to judge). Raises
+    InvalidRequest for a setting no case could run with, a usage error (exit 2) for them all,
+    so that a server does not start and answer 503 for ever; doctor reports it as its guest
+    check instead."""
     if args.command not in ("serve", "warm-up", "run", "selftest"):
         return None
     if args.command == "run" and args.url.lower().startswith(("http://", "https://")):
@@ -375,14 +377,8 @@ def _refused_setting(args: argparse.Namespace) -> InvalidRequest | None:
     if args.command == "selftest":
         from .commands import selftest
 
-        memory_limit_mb = selftest.MEMORY_LIMIT_MB
-    else:
-        memory_limit_mb = args.memory_limit_mb
-    try:
-        guest_for(args.url, memory_limit_mb)
-    except InvalidRequest as exc:
-        return exc
-    return None
+        return guest_for(args.url, selftest.MEMORY_LIMIT_MB)
+    return guest_for(args.url, args.memory_limit_mb)
 
 
 def _post(
