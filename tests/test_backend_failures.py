@@ -16,8 +16,8 @@ import pytest
 from conftest import STANDIN
 from hostside import GateClock, Host, fail_with, result, run, sandbox_error
 
+from verl_hyperlight import settings as _settings
 from verl_hyperlight.errors import ZEROES_REWARDS
-from verl_hyperlight.hluk import process as _hluk
 
 # A hluk that crashes after the solution started: it forwards the stand-in's console until the
 # runner's start frame has passed, then its VM (the stand-in) dies with it and it panics, as a
@@ -440,7 +440,7 @@ def test_hluk_gets_what_it_reads_of_the_workers_environment_and_nothing_else(
     assert {"PATH", "HOME", "HLUK_CACHE_DIR", "HLUK_REGISTRY", "HTTPS_PROXY"} <= names
     assert "do-not-pass" not in seen.read_text()
     # What is left is hluk's, or what the operator added (the stand-in's own settings here).
-    extra = {name for name in names if name not in _hluk.PASSED_ENVIRONMENT}
+    extra = {name for name in names if name not in {p.name for p in _settings.PASSED}}
     assert all(name.startswith("HLUK_STANDIN_") for name in extra - {"PWD", "SHLVL", "_"}), extra
 
 

@@ -12,8 +12,8 @@ from serving import Served
 
 from verl_hyperlight import __version__
 from verl_hyperlight.case import warmup as _warmup
-from verl_hyperlight.case.guests import most_memory_mb
 from verl_hyperlight.cli import main
+from verl_hyperlight.node import most_case_memory_mb
 
 
 def test_version_names_the_package(capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,7 +91,7 @@ def test_an_absurd_memory_limit_is_refused_by_every_command_as_serve_refuses_it(
         main([*command, "--memory-limit-mb", "100000000"])
     assert exited.value.code == 2
     said = capsys.readouterr().err
-    half = most_memory_mb()
+    half = most_case_memory_mb()
     assert f"100000000 MiB is more than half this node's memory ({half} MiB)" in said
 
 
@@ -99,10 +99,10 @@ def test_serve_refuses_a_cap_past_the_most_a_case_may_ask_for(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as exited:
-        main(["serve", "--port", "0", "--max-memory-mb", str(most_memory_mb() + 1)])
+        main(["serve", "--port", "0", "--max-memory-mb", str(most_case_memory_mb() + 1)])
     assert exited.value.code == 2
     said = capsys.readouterr().err
-    assert f"more than half this node's memory ({most_memory_mb()} MiB)" in said
+    assert f"more than half this node's memory ({most_case_memory_mb()} MiB)" in said
 
 
 def test_run_prints_the_response_verl_would_get(

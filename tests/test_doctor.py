@@ -13,6 +13,7 @@ from conftest import STANDIN
 from hostside import KVM_FAILURE, Host, fail_with
 
 from verl_hyperlight import diagnosis as _diagnosis
+from verl_hyperlight import node
 from verl_hyperlight.cli import main
 from verl_hyperlight.commands import doctor
 from verl_hyperlight.hluk import spawn as _spawn
@@ -192,19 +193,19 @@ def test_a_spawner_that_cannot_start_warns_with_the_way_taken_instead(
 def test_an_oversubscribed_sizing_fails_with_the_max_concurrent_that_fits(
     host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cpus = len(os.sched_getaffinity(0))
+    cpus = node.cpus()
     status, found = run_doctor(capsys, "--max-concurrent", str(cpus + 1), "--num-workers", "1")
     assert status == 1
     assert found["sizing"]["status"] == "fail"
     assert found["sizing"]["fix"] == f"max_concurrent={cpus}"
 
-    monkeypatch.setattr(doctor, "_available_mb", lambda: 1000)
+    monkeypatch.setattr(node, "available_mb", lambda: 1000)
     _, found = run_doctor(capsys, "--max-concurrent", "1", "--num-workers", "1")
     assert found["sizing"]["status"] == "ok"
     assert found["memory"]["status"] == "fail"  # 1536 MiB of guest alone
     assert "0 ready ones" not in found["memory"]["detail"]  # the host fixture's: none
 
-    monkeypatch.setattr(doctor, "_available_mb", lambda: 2 * (1536 + doctor.HOST_MB_PER_CASE) + 1)
+    monkeypatch.setattr(node, "available_mb", lambda: 2 * (1536 + node.HOST_MB_PER_CASE) + 1)
     _, found = run_doctor(capsys, "--max-concurrent", "1", "--num-workers", "2")
     assert found["memory"]["status"] == "ok"
     monkeypatch.setenv("VERL_HYPERLIGHT_READY_GUESTS", "8")  # one ready guest per worker more

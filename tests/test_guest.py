@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hostside import Host, option, run
 
-from verl_hyperlight import run_code
+from verl_hyperlight import node, run_code
 from verl_hyperlight.case import guests as _guest
 
 
@@ -69,7 +69,7 @@ def test_the_micro_vm_memory_ladder_is_the_one_the_readme_documents(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A node as large as any a user runs (64 TiB), so no limit below is past half its memory.
-    monkeypatch.setattr(_guest, "node_memory_mb", lambda: 64 * 2**20)
+    monkeypatch.setattr(node, "memory_mb", lambda: 64 * 2**20)
     rows = ladder_in_the_readme()
     assert len(rows) >= 8 and rows[0][0] == _guest.PYTHON.min_memory_mb
     for (low, high, memory), following in zip(rows, [*rows[1:], None], strict=True):

@@ -272,16 +272,16 @@ def test_a_daemon_thread_exiting_first_decides_the_ending(host: Host) -> None:
 def test_a_memory_limit_past_half_the_nodes_memory_is_refused_before_any_micro_vm(
     host: Host, over: int
 ) -> None:
-    """As serve and the commands refuse it: one rule (guests.most_memory_mb)."""
+    """As serve and the commands refuse it: one rule (node.most_case_memory_mb)."""
     from verl_hyperlight import run_code
-    from verl_hyperlight.case.guests import most_memory_mb
+    from verl_hyperlight.node import most_case_memory_mb
 
-    limit = most_memory_mb() + over
+    limit = most_case_memory_mb() + over
     response, error = run_code("hyperlight://", "print(1)", "", None, 10, limit)
     assert response is None
     assert error == (
         f"Invalid request: memory_limit_mb={limit} is more than half this node's memory "
-        f"({most_memory_mb()} MiB), the most a case may ask for: the limit is the micro-VM's "
+        f"({most_case_memory_mb()} MiB), the most a case may ask for: the limit is the micro-VM's "
         "memory, in MiB (verl's default is 1024)"
     )
     assert host.runs() == []

@@ -13,15 +13,8 @@ from hostside import Host, result, run
 
 from verl_hyperlight import settings as _settings
 from verl_hyperlight.errors import CauseCounts
-from verl_hyperlight.hluk import process as _hluk
-from verl_hyperlight.hluk import spawn as _spawn
 
 SOURCE = Path(_settings.__file__).resolve().parent
-# The modules that read the environment for what is not a setting of this package's, and why.
-READERS_OF_OTHERS = {
-    "hluk/spawn.py": "what the spawner's Python needs to start (INTERPRETER_ENVIRONMENT)",
-    "commands/doctor.py": "verl's own VERL_USE_EXTERNAL_* settings, checked as verl reads them",
-}
 
 
 def said_about(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
@@ -108,7 +101,7 @@ def test_hluks_environment_is_what_it_reads_and_what_the_operator_adds(
     monkeypatch.setenv("OTHER_SECRET", "never")
     monkeypatch.setenv(_settings.HLUK_ENV.name, " OTHER_NAME , WRAPPER_*,,")
     assert _settings.HLUK_ENV.value() == _settings.Additions(("OTHER_NAME",), ("WRAPPER_",))
-    assert _hluk.environment() == {
+    assert _settings.hluk_environment() == {
         "PATH": os.environ["PATH"],
         "HOME": os.environ["HOME"],
         "HLUK_REGISTRY": "registry.example",
@@ -117,8 +110,8 @@ def test_hluks_environment_is_what_it_reads_and_what_the_operator_adds(
     }
     monkeypatch.setenv("OTHER_NAME", "added")  # a change of a variable alone is seen
     monkeypatch.delenv("WRAPPER_MODE")
-    assert _hluk.environment()["OTHER_NAME"] == "added"
-    assert "WRAPPER_MODE" not in _hluk.environment()
+    assert _settings.hluk_environment()["OTHER_NAME"] == "added"
+    assert "WRAPPER_MODE" not in _settings.hluk_environment()
 
 
 def test_the_environment_is_read_as_os_environ_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,20 +147,29 @@ def environment_reads(tree: ast.AST) -> list[int]:
     ]
 
 
-def test_every_declared_variable_is_read_only_through_settings() -> None:
-    declared = {setting.name for setting in _settings.ALL}
-    readers = {}
-    for path in SOURCE.rglob("*.py"):
-        relative = path.relative_to(SOURCE).as_posix()
-        tree = ast.parse(path.read_text())
-        if relative != "settings.py" and environment_reads(tree):
-            readers[relative] = tree
-    assert set(readers) == set(READERS_OF_OTHERS), readers.keys()
-    for relative, tree in readers.items():
-        named = {
-            node.value
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)
-        }
-        assert not declared & named, relative
-    assert not declared & set(_spawn.INTERPRETER_ENVIRONMENT)
+def test_the_environment_is_read_in_settings_only() -> None:
+    readers = [
+        f"{path.relative_to(SOURCE).as_posix()}:{line}"
+        for path in sorted(SOURCE.rglob("*.py"))
+        if path.name != "settings.py" or path.parent != SOURCE
+        for line in environment_reads(ast.parse(path.read_text()))
+    ]
+    assert readers == []
+
+
+def test_the_reader_sees_each_way_of_reading_the_environment() -> None:
+    read = "import os\na = os.environ['X']\nb = os.getenv('Y')\nc = os.environb\n"
+    assert sorted(environment_reads(ast.parse(read))) == [2, 3, 4]
+
+
+def test_hluk_and_the_spawner_are_passed_only_what_settings_declares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for passed in _settings.PASSED:
+        monkeypatch.setenv(passed.name, "/" + passed.name.lower())
+    monkeypatch.setenv("SECRET_TOKEN", "never")
+    monkeypatch.delenv(_settings.HLUK_ENV.name, raising=False)
+    to_hluk = {p.name for p in _settings.PASSED if p.to_hluk}
+    assert set(_settings.hluk_environment()) == to_hluk
+    assert set(_settings.spawner_environment()) == {"LD_LIBRARY_PATH"}
+    assert "HLUK_CACHE_DIR" in to_hluk and "PATH" in to_hluk

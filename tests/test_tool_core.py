@@ -17,6 +17,7 @@ import pytest
 import yaml
 from hostside import Host, wait_for
 
+from verl_hyperlight import node
 from verl_hyperlight.agent import calls as _tool
 from verl_hyperlight.agent.calls import (
     BUSY,
@@ -265,13 +266,7 @@ def test_max_sessions_is_sized_from_the_nodes_memory_and_the_guests_size(
 ) -> None:
     """The idle notebooks of verl's 8 agent-loop workers, each its micro-VM's whole memory,
     within half the node's memory; never fewer than num_workers."""
-    page = 4096
-    node_mb = 1024 * 1024  # a node of 1 TiB
-
-    def sysconf(name: str) -> int:
-        return {"SC_PAGE_SIZE": page, "SC_PHYS_PAGES": node_mb * 1024 * 1024 // page}[name]
-
-    monkeypatch.setattr(_tool.os, "sysconf", sysconf)
+    monkeypatch.setattr(node, "memory_mb", lambda: 1024 * 1024)  # a node of 1 TiB
 
     def sized(**config: Any) -> int:
         return settings(session="trajectory", **config).max_sessions
@@ -280,7 +275,9 @@ def test_max_sessions_is_sized_from_the_nodes_memory_and_the_guests_size(
     assert sized(memory_limit_mb=None) == 512 * 1024 // (8 * 256)  # the image's 256 MiB
     assert sized(memory_limit_mb=4000) == 512 * 1024 // (8 * 6144)
     assert sized(max_sessions=7) == 7
-    node_mb = 16 * 1024  # a small node: as many as the calls that run at once
+    monkeypatch.setattr(
+        node, "memory_mb", lambda: 16 * 1024
+    )  # a small node: as many as the calls that run at once
     assert sized(num_workers=6) == 6
 
 

@@ -8,17 +8,17 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeAlias
 
-from . import __version__, diagnosis
+from . import __version__, diagnosis, node
 from .case import warmup
 from .case.api import run_code
-from .case.guests import Guest, guest_for, most_memory_mb
+from .case.guests import Guest, guest_for
+from .case.url import is_http
 from .errors import BackendError, InvalidRequest
 from .hluk import process as hluk
 from .hluk.spawn import raise_descriptor_limit
@@ -247,7 +247,7 @@ def _max_memory(text: str) -> int:
 
 
 def _within_memory(value: int) -> int:
-    most = most_memory_mb()
+    most = node.most_case_memory_mb()
     if value > most:
         raise argparse.ArgumentTypeError(
             f"{value} MiB is more than half this node's memory ({most} MiB), the most a case may "
@@ -341,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "once, as Sandbox Fusion answers a run_timeout of 0 or less",
                 file=sys.stderr,
             )
-        if args.url.lower().startswith(("http://", "https://")):
+        if is_http(args.url):
             response, error = _post(args.url, code, stdin, args.timeout, args.memory_limit_mb)
         else:
             response, error = run_code(
@@ -372,7 +372,7 @@ def _guest(args: argparse.Namespace) -> Guest | None:
     check instead."""
     if args.command not in ("serve", "warm-up", "run", "selftest"):
         return None
-    if args.command == "run" and args.url.lower().startswith(("http://", "https://")):
+    if args.command == "run" and is_http(args.url):
         return None
     if args.command == "selftest":
         from .commands import selftest
@@ -424,7 +424,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.seconds <= 0:
         print("verl-hyperlight: --seconds must be positive", file=sys.stderr)
         return 2
-    cpus = len(os.sched_getaffinity(0))
+    cpus = node.cpus()
     levels = args.concurrency or [2**i for i in range(8) if 2**i <= 2 * cpus]
     try:
         with _progress(f"warming up {args.url}", None):

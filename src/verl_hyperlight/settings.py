@@ -1,9 +1,12 @@
-"""The package's settings: every environment variable it reads, declared once and read here.
+"""The package's settings: every environment variable it reads or passes on, declared once
+and read here only.
 
 Each setting is a ``Setting`` (its name, its value when it is not set, how its text is read,
 and a line saying what it does); ``ALL`` lists them, for a reference table. A setting is read
 per use, so a change to the environment counts from the next case on. A value that cannot be
-used is said once per process (per name and value) at WARNING, and the default used. hluk's
+used is said once per process (per name and value) at WARNING, and the default used. The
+variables passed on as they are, to hluk or to the spawner's Python, are each a ``Passed``
+(``PASSED`` lists them); nothing else of the worker's environment reaches either. hluk's
 cache directory is found here too, as hluk finds it.
 
 Settings are read from os.environ itself, at every use: a process-wide audit hook could keep
@@ -232,6 +235,29 @@ RAY_ADDRESS = Setting(
     "The Ray cluster a `?ray` URL joins when Ray is not initialised in the process (Ray's own "
     "setting); never a new cluster of our own.",
 )
+XDG_CACHE_HOME = Setting(
+    "XDG_CACHE_HOME",
+    None,
+    "~/.cache",
+    _text,
+    "Where hluk's cache is when HLUK_CACHE_DIR is not set (hluk's rule, passed to it).",
+)
+VERL_PLUGINS = Setting(
+    "VERL_USE_EXTERNAL_PLUGINS",
+    None,
+    "verl loads every plugin",
+    _verbatim,
+    "verl's own (0.9 and later): which verl.plugins it loads; `doctor` checks that it keeps "
+    "this package's plugin (hyperlight) in.",
+)
+VERL_MODULES = Setting(
+    "VERL_USE_EXTERNAL_MODULES",
+    None,
+    "nothing",
+    _verbatim,
+    "verl's own (0.6 to 0.8): the modules it imports at `import verl`; `doctor` checks that it "
+    "names verl_hyperlight.plugin on those versions.",
+)
 
 ALL: tuple[Setting[Any], ...] = (
     STARTUP_TIMEOUT,
@@ -249,6 +275,52 @@ ALL: tuple[Setting[Any], ...] = (
     HLUK_REGISTRY,
     HLUK_IMAGE_VERSION,
     RAY_ADDRESS,
+    XDG_CACHE_HOME,
+    VERL_PLUGINS,
+    VERL_MODULES,
+)
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A variable of the worker's environment passed on as it is, to hluk (`to_hluk`) or to
+    the spawner's Python; `path`: a path, made absolute (hluk runs in another directory)."""
+
+    name: str
+    to_hluk: bool
+    description: str
+    path: bool = False
+
+
+_PROXY = "A proxy hluk's image pulls go through (its HTTP client reads it)."
+_PROXIES = (
+    "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
+)  # fmt: skip
+# What hluk reads of its environment (hyperlight-unikraft's source): its cache directory
+# (HLUK_CACHE_DIR, else XDG_CACHE_HOME, else HOME), its documented settings, RUST_LOG with
+# --log-level, and, through its HTTP client and log formatter, the proxy settings and
+# NO_COLOR. Nothing else of the worker's environment (tokens, keys) reaches it.
+PASSED: tuple[Passed, ...] = (
+    Passed("PATH", True, "Where hluk finds what it runs."),
+    Passed("HOME", True, "hluk's cache is under it when no other setting says.", path=True),
+    Passed("XDG_CACHE_HOME", True, "hluk's cache is under it when set.", path=True),
+    Passed("HLUK_CACHE_DIR", True, "hluk's cache directory.", path=True),
+    Passed("HLUK_REGISTRY", True, "The registry hluk pulls images from."),
+    Passed("HLUK_IMAGE_VERSION", True, "The version of the images hluk pulls."),
+    Passed("HLUK_PROFILE", True, "hluk's own profiling switch."),
+    Passed("RUST_LOG", True, "hluk's log filter, with --log-level."),
+    Passed("NO_COLOR", True, "Keeps colour out of hluk's messages."),
+    *(Passed(name, True, _PROXY) for name in _PROXIES),
+    *(
+        Passed(name, True, "Hosts hluk reaches without a proxy.")
+        for name in ("NO_PROXY", "no_proxy")
+    ),
+    Passed(
+        "LD_LIBRARY_PATH",
+        False,
+        "What a Python built with a shared libpython may need to start (the spawner's only "
+        "variable).",
+    ),
 )
 
 
@@ -269,6 +341,20 @@ def reference() -> str:
     ]
     for setting in ALL:
         rows.append(f"| `{setting.name}` | {setting.unset} | {setting.description} |")
+    rows += [
+        "",
+        "## Passed on",
+        "",
+        "Nothing else of the worker's environment reaches hluk or the spawner (the helper that",
+        "starts hluk): these variables are passed on as they are, with the names",
+        f"`{HLUK_ENV.name}` adds.",
+        "",
+        "| variable | passed to | why |",
+        "| --- | --- | --- |",
+    ]
+    for passed in PASSED:
+        to = "hluk" if passed.to_hluk else "the spawner"
+        rows.append(f"| `{passed.name}` | {to} | {passed.description} |")
     return "\n".join(rows) + "\n"
 
 
@@ -278,7 +364,7 @@ def hluk_cache_directory() -> str:
     # objects cost more than the stat calls do.
     chosen = HLUK_CACHE_DIR.value()
     if chosen is None:
-        parent = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        parent = XDG_CACHE_HOME.value() or os.path.join(os.path.expanduser("~"), ".cache")
         chosen = os.path.join(parent, "hluk")
     return chosen if os.path.isabs(chosen) else os.path.join(os.getcwd(), chosen)
 
@@ -291,6 +377,27 @@ def variables(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict[st
     if prefixes:
         found.update(item for item in environment.items() if item[0].startswith(prefixes))
     return found
+
+
+_TO_HLUK = tuple(passed.name for passed in PASSED if passed.to_hluk)
+_PATHS = tuple(passed.name for passed in PASSED if passed.path)
+_TO_SPAWNER = tuple(passed.name for passed in PASSED if not passed.to_hluk)
+
+
+def hluk_environment() -> dict[str, str]:
+    """The environment hluk runs with: the variables PASSED to it, and what the operator adds
+    (HLUK_ENV)."""
+    added = HLUK_ENV.value()
+    passed = variables(_TO_HLUK + added.names, added.prefixes)
+    for name in _PATHS:  # relative to the working directory of now
+        if passed.get(name):
+            passed[name] = os.path.abspath(passed[name])
+    return passed
+
+
+def spawner_environment() -> dict[str, str]:
+    """The environment the spawner's Python starts with: only what it may need to start."""
+    return variables(_TO_SPAWNER)
 
 
 # The settings' values said to be unusable so far.

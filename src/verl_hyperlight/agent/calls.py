@@ -21,7 +21,6 @@ import asyncio
 import itertools
 import logging
 import math
-import os
 import re
 import threading
 import time
@@ -33,10 +32,10 @@ from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from .. import diagnosis
+from .. import diagnosis, node
 from ..case.api import run_code
 from ..case.guests import guest_for
-from ..case.url import is_ours, parse_url
+from ..case.url import is_http, is_ours, parse_url
 from ..errors import CauseCounts, InvalidRequest
 from .notebook import Notebook, RemoteNotebook
 
@@ -127,7 +126,7 @@ def _sandbox_url(config: Mapping[str, object]) -> str:
             parse_url(url)
         except InvalidRequest as exc:
             raise ValueError(f"code tool config: sandbox_fusion_url: {exc}") from None
-    elif not url.lower().startswith(("http://", "https://")):
+    elif not is_http(url):
         raise ValueError(
             f"code tool config: sandbox_fusion_url {url!r} is neither hyperlight://... "
             "nor an http(s) URL"
@@ -136,18 +135,16 @@ def _sandbox_url(config: Mapping[str, object]) -> str:
 
 
 # verl's default count of agent-loop worker processes (actor_rollout_ref.rollout.agent.
-# num_workers), each of which holds the tool; of the node's memory, the share their notebooks
-# may hold when idle.
+# num_workers), each of which holds the tool.
 AGENT_LOOP_WORKERS = 8
-NOTEBOOKS_SHARE_OF_MEMORY = 0.5
 
 
 def default_max_sessions(num_workers: int, micro_vm_mb: int) -> int:
     """Notebooks up at once per process by default: the notebooks of verl's 8 agent-loop
-    workers, each holding its micro-VM's whole memory (what a call may fill), within half the
-    node's memory; never fewer than `num_workers`, the calls that run at once anyway."""
-    node_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
-    share = int(node_mb * NOTEBOOKS_SHARE_OF_MEMORY)
+    workers, each holding its micro-VM's whole memory (what a call may fill), within the
+    node's share for notebooks (node.notebooks_memory_mb); never fewer than `num_workers`, the
+    calls that run at once anyway."""
+    share = node.notebooks_memory_mb()
     return max(num_workers, share // (AGENT_LOOP_WORKERS * micro_vm_mb))
 
 

@@ -25,9 +25,6 @@ from ..guest import protocol
 from ..hluk import process as hluk
 from ..outcome import Ending, RawOutcome, Verdict
 
-# How long a ?ray notebook's cancelled call is given to end its micro-VM before its actor is
-# killed.
-CANCEL_SECONDS = 10.0
 # Why a call its caller cancelled while its notebook started is answered SandboxError.
 START_CANCELLED = "the call was cancelled before it ended"
 
@@ -147,7 +144,7 @@ class RemoteNotebook:
         self.resource = parsed.ray
         self.url = parsed.local
         self.memory_limit_mb = memory_limit_mb
-        self.actor: Any = None
+        self.actor: cluster.Actor | None = None
         self.alive = False
         self.generation = 0  # micro-VMs started, as this side has seen them
         self._generations = 0  # of the actor now up: its own count
@@ -160,19 +157,17 @@ class RemoteNotebook:
 
     def _run(self, code: str, run_timeout: float, cancel: threading.Event | None) -> Response:
         api.encode_text("code", code, api.MAX_CODE_BYTES)
-        ray = cluster.cluster.ray()
         if self.actor is None:
-            cluster.cluster.fail_fast(self.resource)
-            host = _host_class(ray).options(
-                num_cpus=0, resources={self.resource: 1}, max_restarts=0, max_concurrency=2
-            )
-            self.actor = host.remote(self.url, self.memory_limit_mb)
+            self.actor = cluster.Actor(NotebookHost, self.resource, self.url, self.memory_limit_mb)
             self._generations = 0
         actor = self.actor
-        call = actor.run.remote(code, run_timeout)
         try:
-            response, error, alive, generations = cluster.cluster.wait(
-                call, self.resource, cancel, START_CANCELLED, lambda: self._end(actor, call)
+            response, error, alive, generations = actor.call(
+                "run",
+                (code, run_timeout),
+                cancel,
+                START_CANCELLED,
+                lambda call: self._end(actor, call),
             )
         except BaseException:
             self._end(actor)
@@ -185,34 +180,16 @@ class RemoteNotebook:
         answer: Response = response
         return answer
 
-    def _end(self, actor: Any, call: Any = None) -> None:
+    def _end(self, actor: cluster.Actor, call: Any = None) -> None:
         """Kill `actor` (its notebook's micro-VM with it), if it is still this one's; its
         running `call`, if any, cancelled first where it runs, so that the micro-VM is ended
         by the notebook's own cancel rather than by its process's death alone."""
         if actor is not self.actor:
             return
         self.actor, self.alive = None, False
-        ray = cluster.cluster.ray()
-        try:
-            if call is not None:
-                actor.cancel_call.remote()
-                ray.wait([call], timeout=CANCEL_SECONDS)
-        except Exception:  # the kill below ends it whatever happened here
-            pass
-        finally:
-            ray.kill(actor, no_restart=True)
+        actor.end(call, "cancel_call")
 
     def close(self) -> None:
         """End its actor and micro-VM (if up); the next call starts new ones."""
         if self.actor is not None:
             self._end(self.actor)
-
-
-_hosts: list[Any] = []
-
-
-def _host_class(ray: Any) -> Any:
-    """NotebookHost as a Ray actor class, made once per process."""
-    if not _hosts:
-        _hosts.append(ray.remote(NotebookHost))
-    return _hosts[0]

@@ -393,8 +393,9 @@ def run_code(
             # Validated here, run there: the node's run_code answers as hyperlight:// does.
             arguments = (parsed.local, code, stdin, None, run_timeout, memory_limit_mb, language)
             options = {"files": files, "fetch_files": fetch_files}
-            answer, error = cluster.cluster.run(
-                parsed.ray, arguments, options, cancel, CASE_CANCELLED
+            answer: Response | None
+            answer, error = cluster.run(
+                parsed.ray, run_code, arguments, options, cancel, CASE_CANCELLED
             )
             if error is not None or answer is None:
                 raise InvalidRequest(str(error).removeprefix("Invalid request: "))

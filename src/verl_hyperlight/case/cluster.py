@@ -1,21 +1,23 @@
-"""Cases across a Ray cluster (``hyperlight://?ray``, ``?ray=NAME``): each case is a Ray task
-that needs one unit of the URL's custom resource (``hyperlight`` by default) and no CPU, and
-runs ``api.run_code`` on the node Ray puts it on, with the URL less ``ray``: exactly as
-``hyperlight://`` runs it there (its warm guest, its gate, its deadlines), its answer brought
-back as it was made.
+"""Ray, for ``hyperlight://?ray`` (``?ray=NAME``): the one module that imports it and spells
+its options. Work is placed on the nodes of the cluster that offer the URL's custom resource
+(``hyperlight`` by default), one unit each and no CPU: a case as a task (`run`), a notebook as
+an actor that holds its unit for its life (`Actor`), doctor's checks as a task pinned to each
+such node (`run_on_each`).
 
-Ray does the placing, the queueing and the retrying. A task, not an actor call: a task's demand
-for the resource is what Ray's autoscaler sees and adds nodes for, and Ray reuses a node's
-worker processes across tasks, so the warm guest and the gate of a worker process on that node
-serve its later cases with no warm-up of their own. ``max_retries=0``: Ray runs a task once
-more elsewhere when its node died before it started, and never a started one twice (a started
-case whose node died is answered SandboxError saying so, not run again behind the caller's
-back). Waiting on it, the caller checks that some alive node still offers the resource: when
-none has for the start-up deadline the case is answered SandboxError naming the resource and
-the ``ray start`` that offers it, and later cases are answered at once while none does.
+A case is a task, not an actor call: a task's demand for the resource is what Ray's autoscaler
+sees and adds nodes for, and Ray reuses a node's worker processes across tasks, so the warm
+guest and the gate of a worker process on that node serve its later cases with no warm-up of
+their own. The caller names the function the node runs (``run_code``, with the URL less
+``ray``), so that what runs there is exactly what ``hyperlight://`` runs, and this module
+imports nothing of the case path above it. ``max_retries=0``: Ray runs a task once more
+elsewhere when its node died before it started, and never a started one twice (a started case
+whose node died is answered SandboxError saying so, not run again behind the caller's back).
+Waiting on it, the caller checks that some alive node still offers the resource: when none has
+for the start-up deadline the case is answered SandboxError naming the resource and the
+``ray start`` that offers it, and later cases are answered at once while none does.
 
-Ray is imported here only, and only when such a URL is used: the plugin verl imports in every
-process does not load it.
+Ray is imported only when such a URL is used: the plugin verl imports in every process does
+not load it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from .. import diagnosis, settings
@@ -37,15 +40,33 @@ logger = logging.getLogger("verl_hyperlight")
 PRESENCE_SECONDS = 1.0
 # How often a waiting case looks at its cancel event and at the resource's presence.
 POLL_SECONDS = 0.1
+# How long an actor's running call is given to end (its `cancel_method` called) before the
+# actor is killed.
+ACTOR_END_SECONDS = 10.0
 
-Response = dict[str, Any]
+
+@dataclass(frozen=True)
+class Node:
+    """An alive node of the cluster that offers a resource."""
+
+    node_id: str
+    address: str
+    units: float  # of the resource it offers
+
+    @property
+    def label(self) -> str:
+        return f"{self.address} {self.node_id[:8]}"
 
 
-def _on_node(arguments: tuple[Any, ...], options: dict[str, Any]) -> Any:
-    """A case on the node Ray chose: `api.run_code` as ``hyperlight://`` runs it there."""
-    from . import api
+def _placement(resource: str, node_id: str | None = None) -> dict[str, Any]:
+    """Ray's options for work that holds one unit of `resource` and no CPU (on the node
+    `node_id`, when given): every task and actor of this package is placed so."""
+    options: dict[str, Any] = {"resources": {resource: 1}, "num_cpus": 0}
+    if node_id is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return api.run_code(*arguments, **options)
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return options
 
 
 def _answers(address: str) -> None:
@@ -60,14 +81,16 @@ def _answers(address: str) -> None:
         pass
 
 
-class _Cluster:
-    """This process's view of the cluster: its connection, its tasks by resource, and which
-    resources an alive node offers (checked at most every PRESENCE_SECONDS while offered)."""
+class _Connection:
+    """This process's view of the cluster: its connection, its remote functions and actor
+    classes, and which resources an alive node offers (checked at most every
+    PRESENCE_SECONDS while offered)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ray: Any = None
-        self._tasks: dict[str, Any] = {}
+        self._remote: dict[tuple[object, str], Any] = {}  # (function, resource): its task
+        self._classes: dict[type, Any] = {}
         self._seen: dict[str, tuple[float, bool]] = {}  # resource: (checked at, offered)
         self._missing: set[str] = set()  # resources a case failed for want of: fail fast
 
@@ -93,19 +116,24 @@ class _Cluster:
                 self._ray = ray
         return self._ray
 
-    def task(self, resource: str) -> Any:
-        """The remote function that runs a case on a node offering `resource`."""
-        task = self._tasks.get(resource)
+    def task(self, function: Callable[..., Any], resource: str) -> Any:
+        """The remote function that runs `function` on a node offering `resource`."""
+        key = (function, resource)
+        task = self._remote.get(key)
         if task is None:
-            ray = self.ray()
-            task = ray.remote(_on_node).options(
-                resources={resource: 1},
-                num_cpus=0,
-                max_retries=0,
-                name="verl-hyperlight case",
+            task = self._remote[key] = (
+                self.ray()
+                .remote(function)
+                .options(**_placement(resource), max_retries=0, name="verl-hyperlight case")
             )
-            self._tasks[resource] = task
         return task
+
+    def actor_class(self, cls: type) -> Any:
+        """`cls` as a Ray actor class, made once per process."""
+        made = self._classes.get(cls)
+        if made is None:
+            made = self._classes[cls] = self.ray().remote(cls)
+        return made
 
     def offered(self, resource: str, now: float) -> bool:
         """Whether an alive node of the cluster offers `resource` (as last seen within
@@ -122,28 +150,6 @@ class _Cluster:
                 resource,
             )
         return offered
-
-    def run(
-        self,
-        resource: str,
-        arguments: tuple[Any, ...],
-        options: dict[str, Any],
-        cancel: threading.Event | None,
-        cancelled: str,
-    ) -> tuple[Response | None, str | None]:
-        """``api.run_code(*arguments, **options)`` on a node that offers `resource`;
-        BackendError when none does or Ray fails it, Refused with `cancelled` when the caller
-        cancelled it."""
-        ray = self.ray()
-        self.fail_fast(resource)
-        reference = self.task(resource).remote(arguments, options)
-        # Killed where it runs (its worker process, and with it the micro-VM's hluk), or taken
-        # off the queue.
-        stop: Callable[[], None] = lambda: ray.cancel(reference, force=True)  # noqa: E731
-        answer: tuple[Response | None, str | None] = self.wait(
-            reference, resource, cancel, cancelled, stop
-        )
-        return answer
 
     def fail_fast(self, resource: str) -> None:
         """BackendError at once when a case failed for want of `resource` and no node offers
@@ -169,7 +175,7 @@ class _Cluster:
         try:
             while True:
                 try:
-                    return self._result(ray, reference, POLL_SECONDS)
+                    return _result(ray, reference, POLL_SECONDS)
                 except ray.exceptions.GetTimeoutError:
                     pass
                 if cancel is not None and cancel.is_set():
@@ -186,25 +192,120 @@ class _Cluster:
             stop()
             raise
 
-    @staticmethod
-    def _result(ray: Any, reference: Any, timeout: float) -> Any:
-        """The task's answer, once it has one within `timeout` (else GetTimeoutError); a
-        BackendError saying why when Ray failed it."""
-        lost = (
-            ray.exceptions.ActorDiedError,
-            ray.exceptions.NodeDiedError,
-            ray.exceptions.WorkerCrashedError,
-            ray.exceptions.ObjectLostError,
-            ray.exceptions.OwnerDiedError,
-        )
+
+def _result(ray: Any, reference: Any, timeout: float) -> Any:
+    """The task's answer, once it has one within `timeout` (else GetTimeoutError); a
+    BackendError saying why when Ray failed it."""
+    lost = (
+        ray.exceptions.ActorDiedError,
+        ray.exceptions.NodeDiedError,
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.ObjectLostError,
+        ray.exceptions.OwnerDiedError,
+    )
+    try:
+        return ray.get(reference, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise  # not yet
+    except lost as exc:
+        raise diagnosis.ray_node_lost(exc) from None
+    except ray.exceptions.RayError as exc:
+        raise diagnosis.ray_failed(exc) from None
+
+
+# The one piece of this module's state: this process's connection to the cluster.
+_connection = _Connection()
+
+
+def connect() -> None:
+    """Connect to the cluster now; BackendError when it cannot be reached."""
+    _connection.ray()
+
+
+def run(
+    resource: str,
+    function: Callable[..., Any],
+    arguments: tuple[Any, ...],
+    options: dict[str, Any],
+    cancel: threading.Event | None,
+    cancelled: str,
+) -> Any:
+    """``function(*arguments, **options)`` as a task on a node that offers `resource`;
+    BackendError when none does or Ray fails it, Refused with `cancelled` when the caller
+    cancelled it."""
+    ray = _connection.ray()
+    _connection.fail_fast(resource)
+    reference = _connection.task(function, resource).remote(*arguments, **options)
+    # Killed where it runs (its worker process, and with it the micro-VM's hluk), or taken
+    # off the queue.
+    stop: Callable[[], None] = lambda: ray.cancel(reference, force=True)  # noqa: E731
+    return _connection.wait(reference, resource, cancel, cancelled, stop)
+
+
+def nodes_offering(resource: str) -> list[Node]:
+    """The alive nodes of the cluster that offer `resource`; BackendError when the cluster
+    cannot be reached."""
+    return [
+        Node(node["NodeID"], node["NodeManagerAddress"], node["Resources"][resource])
+        for node in _connection.ray().nodes()
+        if node["Alive"] and node["Resources"].get(resource, 0) > 0
+    ]
+
+
+def run_on_each(
+    resource: str, nodes: list[Node], function: Callable[..., Any], argument: Any, timeout: float
+) -> Iterator[tuple[Node, Any]]:
+    """``function(argument)`` on each of `nodes` (a task pinned there, holding a unit of
+    `resource`), all at once; each node with its answer, in order, or with the exception that
+    stood for it (its node died, it ran past `timeout`, Ray failed it)."""
+    ray = _connection.ray()
+    task = ray.remote(function)
+    pending = [
+        (node, task.options(**_placement(resource, node.node_id), max_retries=0).remote(argument))
+        for node in nodes
+    ]
+    for node, reference in pending:
         try:
-            return ray.get(reference, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise  # not yet
-        except lost as exc:
-            raise diagnosis.ray_node_lost(exc) from None
-        except ray.exceptions.RayError as exc:
-            raise diagnosis.ray_failed(exc) from None
+            yield node, ray.get(reference, timeout=timeout)
+        except Exception as exc:  # reported as that node's
+            yield node, exc
 
 
-cluster = _Cluster()
+class Actor:
+    """An instance of `cls` in an actor on a node that offers `resource`, holding one unit of
+    it for its whole life; its calls run two at a time (one may end the other)."""
+
+    def __init__(self, cls: type, resource: str, *arguments: Any) -> None:
+        _connection.fail_fast(resource)
+        self.resource = resource
+        placed = _connection.actor_class(cls).options(
+            **_placement(resource), max_restarts=0, max_concurrency=2
+        )
+        self.handle = placed.remote(*arguments)
+
+    def call(
+        self,
+        method: str,
+        arguments: tuple[Any, ...],
+        cancel: threading.Event | None,
+        cancelled: str,
+        stop: Callable[[Any], None],
+    ) -> Any:
+        """What ``method(*arguments)`` answers, waited for as `run` waits for a case;
+        `stop(call)` is called first on any way out but the answer."""
+        call = getattr(self.handle, method).remote(*arguments)
+        return _connection.wait(call, self.resource, cancel, cancelled, lambda: stop(call))
+
+    def end(self, running: Any = None, cancel_method: str | None = None) -> None:
+        """Kill the actor; with a `running` call, `cancel_method` is called first and the call
+        given ACTOR_END_SECONDS to end, so that what it runs is ended by its own cancel rather
+        than by its process's death alone."""
+        ray = _connection.ray()
+        try:
+            if running is not None and cancel_method is not None:
+                getattr(self.handle, cancel_method).remote()
+                ray.wait([running], timeout=ACTOR_END_SECONDS)
+        except Exception:  # the kill below ends it whatever happened here
+            pass
+        finally:
+            ray.kill(self.handle, no_restart=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-from .. import settings
+from .. import node, settings
 from ..errors import InvalidRequest
 from ..guest import runner
 from .url import parse_url
@@ -95,18 +95,6 @@ def image_for(url: str) -> Image:
     )
 
 
-def node_memory_mb() -> int:
-    """This node's memory, MiB."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
-
-
-def most_memory_mb() -> int:
-    """The largest memory limit a case may ask for: half this node's memory. run_code refuses a
-    case past it, serve a request (and a --max-memory-mb) past it, the commands such a
-    --memory-limit-mb."""
-    return node_memory_mb() // 2
-
-
 def memory_for(memory_limit_mb: float) -> int:
     """The micro-VM memory (MiB) for a limit: a third more than the solution may use, for the
     guest kernel and interpreter, rounded up to the ladder of sizes (powers of two and 1.5
@@ -145,7 +133,7 @@ def guest_for(url: str, memory_limit_mb: object) -> Guest:
             "kernel enforces no per-process limit, so the limit is the micro-VM's memory; "
             f"use at least {image.min_memory_mb} (or None/-1/0 for the image's default)"
         )
-    most = most_memory_mb()
+    most = node.most_case_memory_mb()
     if memory_limit_mb > most:
         raise InvalidRequest(
             f"memory_limit_mb={memory_limit_mb} is more than half this node's memory "

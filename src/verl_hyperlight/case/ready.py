@@ -64,7 +64,7 @@ def _start_key(path: str) -> tuple[object, ...]:
         binary: tuple[int, ...] = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
     except OSError:
         binary = ()  # its start says what is wrong
-    return (binary, hluk.environment(), settings.CASE_DIR.value(), settings.SPAWN.value())
+    return (binary, settings.hluk_environment(), settings.CASE_DIR.value(), settings.SPAWN.value())
 
 
 class _Ready:

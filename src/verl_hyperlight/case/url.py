@@ -1,4 +1,5 @@
-"""Sandbox URLs: which are ours, and what a well-formed one names.
+"""Sandbox URLs: which are ours, which are a Sandbox Fusion service's (http(s)), and what a
+well-formed one of ours names.
 
 A URL is ours when its scheme is ``hyperlight:`` (in any case), so that the plugin sends a
 malformed one to run_code, which answers it with this module's error rather than verl's HTTP
@@ -39,6 +40,12 @@ class SandboxURL(NamedTuple):
 def is_ours(url: object) -> bool:
     """Whether `url` is a sandbox URL this package serves (well-formed or not)."""
     return isinstance(url, str) and url[: len(SCHEME)].lower() == SCHEME
+
+
+def is_http(url: object) -> bool:
+    """Whether `url` is an http(s) URL: a Sandbox Fusion service's (or a serve's), which the
+    service's HTTP client asks."""
+    return isinstance(url, str) and url[:8].lower().startswith(("http://", "https://"))
 
 
 def parse_url(url: object) -> SandboxURL:

@@ -21,7 +21,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .. import diagnosis, settings
+from .. import diagnosis, node, settings
 from ..case import casedir, cluster, pytest_library, warmup
 from ..case.api import run_code
 from ..case.guests import guest_for
@@ -34,8 +34,6 @@ from . import bench
 KVM_DEVICE = "/dev/kvm"
 # A warm snapshot is about 75 MiB (python) to several hundred (agent); images as much again.
 MIN_FREE_BYTES = 2 * 1024**3
-# What a case may hold on the host besides its micro-VM, at most (README's sizing rule).
-HOST_MB_PER_CASE = 96
 ARCHITECTURES = {"x86_64": "x86-64", "amd64": "x86-64", "aarch64": "arm64", "arm64": "arm64"}
 PLUGIN_MODULE = "verl_hyperlight.plugin"
 ENTRY_POINT = "hyperlight"
@@ -104,15 +102,10 @@ def _cluster_checks(options: Options, resource: str) -> Iterator[Check]:
     each of them (a task pinned there) the checks of hluk, /dev/kvm, the warm guest and a case
     end to end, as doctor makes them on a node of its own."""
     try:
-        ray = cluster.cluster.ray()
+        offering = cluster.nodes_offering(resource)
     except BackendError as exc:
         yield fail("ray", str(exc), fix_of(str(exc)))
         return
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    offering = [
-        node for node in ray.nodes() if node["Alive"] and node["Resources"].get(resource, 0) > 0
-    ]
     if not offering:
         problem = diagnosis.ray_resource_offered_by_none(resource, 0)
         yield fail(
@@ -123,28 +116,15 @@ def _cluster_checks(options: Options, resource: str) -> Iterator[Check]:
         "nodes",
         f"{len(offering)} alive node(s) offer {resource!r}: "
         + ", ".join(
-            f"{node['NodeManagerAddress']} ({node['NodeID'][:8]}, {node['Resources'][resource]:g})"
-            for node in offering
+            f"{member.address} ({member.node_id[:8]}, {member.units:g})" for member in offering
         ),
     )
     local = replace(options, url=parse_url(options.url).local)
-    task = ray.remote(_node_checks)
-    pending = {
-        node["NodeID"]: task.options(
-            num_cpus=0,
-            resources={resource: 1},
-            max_retries=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-        ).remote(local)
-        for node in offering
-    }
     limit = settings.WARM_UP_TIMEOUT.value() + settings.STARTUP_TIMEOUT.value() + 30
-    for node in offering:
-        place = f"[{node['NodeManagerAddress']} {node['NodeID'][:8]}]"
-        try:
-            found: list[Check] = ray.get(pending[node["NodeID"]], timeout=limit)
-        except Exception as exc:  # the node died, timed out, or Ray failed the task
-            yield fail("node", f"{place} its checks did not come back: {exc!r}", "ray status")
+    for member, found in cluster.run_on_each(resource, offering, _node_checks, local, limit):
+        place = f"[{member.label}]"
+        if isinstance(found, Exception):
+            yield fail("node", f"{place} its checks did not come back: {found!r}", "ray status")
             continue
         for check in found:
             yield replace(check, detail=f"{place} {check.detail}")
@@ -367,7 +347,7 @@ def _spawn_check() -> Check:
 def _sizing(options: Options) -> Iterator[Check]:
     if options.max_concurrent is None or options.num_workers is None:
         return
-    cpus = len(os.sched_getaffinity(0))
+    cpus = node.cpus()
     vms = options.max_concurrent * options.num_workers
     if vms > cpus:
         yield fail(
@@ -384,12 +364,14 @@ def _sizing(options: Options) -> Iterator[Check]:
         return
     # Micro-VMs started ahead of their cases (case/ready.py), per worker: memory, no CPU.
     ready = options.num_workers * min(settings.READY_GUESTS.value(), options.max_concurrent)
-    need = vms * (guest.memory_mb + HOST_MB_PER_CASE) + ready * guest.memory_mb
-    free = _available_mb()
-    counted = f"{vms} micro-VMs of {guest.memory_mb} MiB (and up to {HOST_MB_PER_CASE} MiB each "
+    need = vms * (guest.memory_mb + node.HOST_MB_PER_CASE) + ready * guest.memory_mb
+    free = node.available_mb()
+    counted = (
+        f"{vms} micro-VMs of {guest.memory_mb} MiB (and up to {node.HOST_MB_PER_CASE} MiB each "
+    )
     counted += f"on the host) and {ready} ready ones" if ready else "on the host)"
     if free is not None and need > free:
-        per_vm = guest.memory_mb + HOST_MB_PER_CASE
+        per_vm = guest.memory_mb + node.HOST_MB_PER_CASE
         if free // per_vm:
             fix = f"{_fitting(free // per_vm, options.num_workers)}, or a lower memory_limit_mb"
         else:
@@ -408,17 +390,6 @@ def _fitting(capacity: int, num_workers: int) -> str:
     if workers == num_workers:
         return f"max_concurrent={per_worker}"
     return f"max_concurrent=1, reward.num_workers={workers}"
-
-
-def _available_mb() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return None
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -465,7 +436,7 @@ def _verl() -> Iterator[Check]:
         )
         return
     if release < (0, 9):
-        modules = os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
+        modules = settings.VERL_MODULES.value() or ""
         if PLUGIN_MODULE not in [m.strip() for m in modules.split(",")]:
             yield fail(
                 "verl",
@@ -475,7 +446,7 @@ def _verl() -> Iterator[Check]:
             )
             return
     else:
-        policy = os.environ.get("VERL_USE_EXTERNAL_PLUGINS")
+        policy = settings.VERL_PLUGINS.value()
         allowed = policy is None or policy.strip().lower() == "auto"
         if not allowed and policy is not None and policy.strip().lower() != "none":
             allowed = ENTRY_POINT in [p.strip().lower() for p in policy.split(",")]

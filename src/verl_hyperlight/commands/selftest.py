@@ -14,7 +14,6 @@ programs not yet run are not, and the report says what had been checked.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -22,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from .. import node
 from ..agent.notebook import Notebook
 from ..case.api import run_code
 from ..case.url import parse_url
@@ -71,7 +71,7 @@ AGAIN = "INTERRUPTED: no verdict on this node; run `verl-hyperlight selftest` to
 def default_jobs() -> int:
     """Programs at once: one per CPU this process may use, and at least 4, as most of the
     corpus waits (sleeps, threads, timeouts) rather than computes."""
-    return max(4, len(os.sched_getaffinity(0)))
+    return max(4, node.cpus())
 
 
 @dataclass(frozen=True)

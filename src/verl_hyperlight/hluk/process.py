@@ -51,18 +51,6 @@ EXIT_NOTICE_SECONDS = 0.1
 # How often a case's `cancel` is looked at.
 CANCEL_POLL_SECONDS = 0.2
 VERSION_TIMEOUT_SECONDS = 30.0
-# What hluk reads of its environment (hyperlight-unikraft's source): its cache directory
-# (HLUK_CACHE_DIR, else XDG_CACHE_HOME, else HOME), its documented settings, RUST_LOG with
-# --log-level, and, through its HTTP client and log formatter, the proxy settings and
-# NO_COLOR. Nothing else of the worker's environment (tokens, keys) reaches it.
-HLUK_SETTINGS = ("HLUK_CACHE_DIR", "HLUK_REGISTRY", "HLUK_IMAGE_VERSION", "HLUK_PROFILE")
-PASSED_ENVIRONMENT = (
-    "PATH", "HOME", "XDG_CACHE_HOME", *HLUK_SETTINGS, "RUST_LOG", "NO_COLOR",
-    "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
-    "NO_PROXY", "no_proxy",
-)  # fmt: skip
-# Path-valued: made absolute, as hluk runs in the case directory's parent.
-PATH_VARIABLES = ("HOME", "XDG_CACHE_HOME", "HLUK_CACHE_DIR")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?")
@@ -82,16 +70,6 @@ def hluk_path() -> str:
     if found is None:
         raise diagnosis.not_on_path()
     return os.path.abspath(found)
-
-
-def environment() -> dict[str, str]:
-    """The environment hluk runs with: what it reads, and what the operator adds."""
-    added = settings.HLUK_ENV.value()
-    passed = settings.variables(PASSED_ENVIRONMENT + added.names, added.prefixes)
-    for name in PATH_VARIABLES:  # relative to the working directory of now
-        if passed.get(name):
-            passed[name] = os.path.abspath(passed[name])
-    return passed
 
 
 def run_to_exit(argv: list[str], timeout: float) -> RawOutcome:
@@ -175,7 +153,7 @@ def final_error(stderr: str) -> str:
 def _spawn(argv: list[str], cwd: str | None, stdin: bool = False) -> spawn.Process:
     """Start hluk (see ``spawn``): in a process group of its own, dying with this process."""
     try:
-        return spawn.spawn(argv, cwd, environment(), stdin)
+        return spawn.spawn(argv, cwd, settings.hluk_environment(), stdin)
     except OSError as exc:
         raise diagnosis.cannot_start(argv[0], str(exc), exc.errno or 0) from None
 

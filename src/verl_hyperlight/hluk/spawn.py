@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from .. import diagnosis, settings
+from .. import diagnosis, node, settings
 from ..errors import CauseCounts, worth_logging
 from .spawner import MESSAGE_LIMIT
 
@@ -72,7 +72,6 @@ SPAWNER_STOP_SECONDS = 5.0
 # too, is made with 2 pages. Pipes that carry lines only are made this size, one page, so that
 # a case holds 18 pages (its console's 16 and two of one) and a notebook 19.
 LINE_PIPE_SIZE = 4096
-INTERPRETER_ENVIRONMENT = ("LD_LIBRARY_PATH",)
 SPAWNER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spawner.py")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -443,9 +442,7 @@ class _Spawner:
                 start_new_session=True,  # a signal to the worker's group must not reach it
                 # Nothing of the worker's (hluk gets its environment per request) but what a
                 # Python built with a shared libpython may need to start.
-                env={
-                    name: os.environ[name] for name in INTERPRETER_ENVIRONMENT if name in os.environ
-                },
+                env=settings.spawner_environment(),
             )
         except (OSError, ValueError) as exc:
             problem.append(exc)
@@ -510,7 +507,7 @@ class _Spawner:
 # posix_spawn holds a spawner until the child has exec'd (about 0.5 ms on our machines): one
 # spawner starts at most a couple of thousand hluk a second, a worker's 64 cases of a few
 # milliseconds can ask for more, so each worker has up to this many, taking cases in turn.
-SPAWNERS = max(1, min(4, len(os.sched_getaffinity(0))))
+SPAWNERS = max(1, min(4, node.cpus()))
 _lock = threading.Lock()
 _spawners: dict[int, _Spawner] = {}  # by slot, 0 to SPAWNERS - 1
 _turn = itertools.count()

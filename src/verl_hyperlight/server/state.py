@@ -14,15 +14,15 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import node
 from ..case import api, ready, warmup
-from ..case.guests import guest_for, most_memory_mb, node_memory_mb
+from ..case.guests import guest_for
 from ..errors import BackendError, InvalidRequest
 from ..hluk import process as hluk
 from ..settings import POD_NAME
@@ -43,10 +43,6 @@ PARSE_ON_LOOP_BYTES = 64 * 1024
 # How long a stopping server waits for its cancelled cases' micro-VMs to be killed.
 STOP_SECONDS = 10.0
 MIB = 1024 * 1024
-# The share of the node's memory that the bodies of the requests held may take by default. A
-# body is held once, as the request it holds (its code, stdin and files), from its read until
-# its case has ended; its parse and its case's run each take about as much again for a while.
-BODIES_SHARE_OF_MEMORY = 1 / 16
 
 
 @dataclass(frozen=True)
@@ -54,11 +50,11 @@ class Settings:
     """How the server runs; see `verl-hyperlight serve --help`."""
 
     url: str = "hyperlight://"
-    max_concurrent: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
+    max_concurrent: int = field(default_factory=node.cpus)
     max_queue: int | None = None  # None: 8 x max_concurrent
     max_wait: float = 5.0
     max_body_bytes: int = 64 * MIB
-    max_bodies_bytes: int | None = None  # None: BODIES_SHARE_OF_MEMORY, at least one body
+    max_bodies_bytes: int | None = None  # None: node.bodies_memory_bytes, at least one body
     grace: float = 30.0
     warm_up_memory_mb: int = 1024
     max_memory_mb: int | None = None  # None: half the node's memory, at least warm_up_memory_mb
@@ -83,13 +79,15 @@ class Settings:
         """The bytes of request bodies the server holds at most, in all."""
         if self.max_bodies_bytes is not None:
             return self.max_bodies_bytes
-        return max(int(node_memory_mb() * BODIES_SHARE_OF_MEMORY) * MIB, self.max_body_bytes)
+        # A body is held once, as the request it holds (its code, stdin and files), from its
+        # read until its case has ended.
+        return max(node.bodies_memory_bytes(), self.max_body_bytes)
 
     @property
     def memory_cap(self) -> int:
         if self.max_memory_mb is not None:
             return self.max_memory_mb
-        return max(most_memory_mb(), self.warm_up_memory_mb)
+        return max(node.most_case_memory_mb(), self.warm_up_memory_mb)
 
 
 class Place:
