@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_run_code import use_standin_unless_configured
 
 from verl_hyperlight import run_code
-from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.case import gate as _gate
 
 AT_ONCE = "answered at once"
 
@@ -54,7 +54,7 @@ def send(index: int) -> Answer:
 
 
 def outage(kind: str, args: argparse.Namespace) -> dict[str, float]:
-    _warmup.forget()
+    _gate.forget()
     answers: list[Answer] = []
     stop = threading.Event()
     counter = iter(range(10**9))
@@ -119,17 +119,15 @@ def main() -> None:
     parser.add_argument("--pace", type=float, default=0.05, help="each thread's pause, s")
     parser.add_argument("--outage", type=float, default=40.0, help="how long hluk fails, s")
     parser.add_argument(
-        "--first-back-off", type=float, default=_warmup.BACK_OFF_FIRST_SECONDS, help="s"
+        "--first-back-off", type=float, default=_gate.BACK_OFF_FIRST_SECONDS, help="s"
     )
-    parser.add_argument(
-        "--max-back-off", type=float, default=_warmup.BACK_OFF_MAX_SECONDS, help="s"
-    )
+    parser.add_argument("--max-back-off", type=float, default=_gate.BACK_OFF_MAX_SECONDS, help="s")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         print("hluk:", use_standin_unless_configured(Path(scratch)))
         os.environ["VERL_HYPERLIGHT_STARTUP_TIMEOUT"] = str(args.deadline)
-        _warmup.BACK_OFF_FIRST_SECONDS = args.first_back_off
-        _warmup.BACK_OFF_MAX_SECONDS = args.max_back_off
+        _gate.BACK_OFF_FIRST_SECONDS = args.first_back_off
+        _gate.BACK_OFF_MAX_SECONDS = args.max_back_off
         d = args.deadline
         print(
             f"start-up deadline D = {d:g} s, back-off {args.first_back_off:g} s "

@@ -58,12 +58,16 @@ from pathlib import Path
 from typing import Any
 
 from verl_hyperlight import run_code
+from verl_hyperlight import settings as _settings
 from verl_hyperlight.case import api as _api
-from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.case import gate as _gate
+from verl_hyperlight.case import guests as _guests
+from verl_hyperlight.case import response as _response
 from verl_hyperlight.case.guests import guest_for, workload_code
-from verl_hyperlight.hluk import process as _hluk
 from verl_hyperlight.hluk import spawn as _spawn
-from verl_hyperlight.hluk.process import hluk_path
+from verl_hyperlight.hluk import spawners as _spawners
+from verl_hyperlight.hluk import watch as _watch
+from verl_hyperlight.hluk.binary import hluk_path
 
 # Modules an older checkout, measured as the baseline with PYTHONPATH, may not have.
 _casedir = (
@@ -350,24 +354,29 @@ def in_tmpdir(scratch: Path, cases: int, path: str) -> None:
         shutil.rmtree(case_dirs, ignore_errors=True)
 
 
+def spawn_paths() -> list[str]:
+    """The ways this machine has to start hluk, the one used by default first."""
+    return ["spawner", *(["setpriv"] if _spawn.setpriv() else []), "fork"]
+
+
 # The steps of a case, by the module attribute that makes each up (those that exist).
 STEPS = [
     ("validate the request", _api, "_validate"),
     ("case directory", _casedir, "make"),
     ("case files", _casedir, "_write_case"),
     ("cleaner bookkeeping", getattr(_casedir, "_janitor", None), "tell"),
-    ("warm-up gate", _warmup.Gate, "_pass"),
-    ("gate: record the run", _warmup.Gate, "_record_run"),
-    ("argv (guest args)", _api.Guest, "args"),
+    ("warm-up gate", _gate.Gate, "_pass"),
+    ("gate: record the run", _gate.Gate, "_record_run"),
+    ("argv (guest args)", _guests.Guest, "args"),
     ("argv (workload code)", _api, "workload_code"),
-    ("environment", _hluk, "environment"),
-    ("spawn", _hluk, "_spawn"),
+    ("environment", _settings, "hluk_environment"),
+    ("spawn", _spawn, "start"),
     ("console read + scan", getattr(_console, "Console", None), "read"),
-    ("stop (kill, reap, close)", _spawn._Spawned, "stop"),
-    ("decide", _hluk, "_decide"),
-    ("response", _api, "from_outcome"),
+    ("stop (kill, reap, close)", _spawners._Spawned, "stop"),
+    ("decide", _watch, "_decide"),
+    ("response", _response, "from_outcome"),
     ("removal", _casedir, "_remove_case"),
-    ("hluk run, all of it", _hluk, "run"),
+    ("hluk run, all of it", _watch, "run"),
     ("run_code, all of it", sys.modules[__name__], "run_code"),
 ]
 
@@ -563,7 +572,7 @@ def ready_guests(
                     os.environ[READY_ENV] = setting
                 else:
                     os.environ.pop(READY_ENV, None)  # the default
-                _warmup.forget()
+                _gate.forget()
                 one_case()  # the gate's probe, and the first guests started ahead
                 time.sleep(gap)
                 found[setting].append(ready_batch(concurrency, batch // 2, pause))
@@ -573,7 +582,7 @@ def ready_guests(
             f"{on[0] / off[0]:6.2f}  {off[2]:10.2f} {on[2]:6.2f}  {off[3]:8.2f} {on[3]:6.2f}"
         )
     os.environ[READY_ENV] = "0"
-    _warmup.forget()
+    _gate.forget()
 
 
 def ready_batch(concurrency: int, cases: int, pause: float) -> tuple[list[float], float, float]:
@@ -630,7 +639,7 @@ def main() -> None:
         if args.only_ready:
             ready_guests(scratch, args.cases, args.start_ms, concurrencies)
             return
-        paths = _spawn.spawn_paths()
+        paths = spawn_paths()
         print(
             f"{os.cpu_count()} CPUs; spawn paths here: {', '.join(paths)} (the first is the "
             f"default); {args.cases} cases per figure at concurrency 1, 10 per thread above"

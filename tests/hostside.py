@@ -22,7 +22,8 @@ import pytest
 from verl_hyperlight import settings as _settings
 from verl_hyperlight.case import api as _api
 from verl_hyperlight.case import casedir as _casedir
-from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.case import failures as _failures
+from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.errors import CauseCounts
 
 URL = "hyperlight://"
@@ -90,11 +91,11 @@ def host(hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterato
     # tests/test_ready.py tests those, and the corpus runs with them on and off.
     monkeypatch.setenv(_settings.READY_GUESTS.name, "0")
     monkeypatch.setattr(_casedir, "_warnings", _casedir._Warnings())
-    monkeypatch.setattr(_api, "failures", _api._FailureLog())
+    monkeypatch.setattr(_failures, "log", _failures.FailureLog())
     monkeypatch.setattr(_settings, "_unusable", CauseCounts())
-    _warmup.forget()
+    _gate.forget()
     yield found
-    _warmup.forget()
+    _gate.forget()
 
 
 class GateClock:
@@ -112,13 +113,13 @@ class GateClock:
 
     def skip_back_off(self) -> None:
         """Past the longest back-off."""
-        self.skip(_warmup.BACK_OFF_MAX_SECONDS + 1)
+        self.skip(_gate.BACK_OFF_MAX_SECONDS + 1)
 
 
 @pytest.fixture
 def gate_clock(monkeypatch: pytest.MonkeyPatch) -> GateClock:
     found = GateClock()
-    monkeypatch.setattr(_warmup, "time", found)
+    monkeypatch.setattr(_gate, "time", found)
     return found
 
 

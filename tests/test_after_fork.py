@@ -13,10 +13,10 @@ from collections.abc import Callable
 import pytest
 from hostside import URL, Host, result, run
 
+from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.case import pytest_library as _guest_pytest
-from verl_hyperlight.case import warmup as _warmup
 from verl_hyperlight.case.guests import guest_for
-from verl_hyperlight.hluk import process as _hluk
+from verl_hyperlight.hluk import binary as _binary
 
 # Far longer than a first case takes (a warm-up and the case): only a deadlocked child waits
 # it out.
@@ -26,11 +26,11 @@ MEMORY_LIMIT_MB = 1024
 
 
 def registry_lock() -> threading.Lock:
-    return _warmup._registry_lock
+    return _gate._registry_lock
 
 
 def gate_lock() -> threading.Lock:
-    return _warmup.gate(_hluk.hluk_path(), guest_for(URL, MEMORY_LIMIT_MB))._lock
+    return _gate.gate(_binary.hluk_path(), guest_for(URL, MEMORY_LIMIT_MB))._lock
 
 
 def pytest_copy_lock() -> threading.Lock:

@@ -107,14 +107,14 @@ def test_the_rule_checker_sees_an_upward_import() -> None:
     # The checker itself: an import from the case path into the server, or from hluk into
     # the case path, is refused; the ones the drawing allows are not.
     assert not _allowed("case.api", "server.app")
-    assert not _allowed("hluk.process", "case.warmup")
+    assert not _allowed("hluk.watch", "case.gate")
     assert not _allowed("agent.calls", "server.app")
     assert not _allowed("agent.notebook", "commands.selftest")
     assert _allowed("commands.selftest", "agent.notebook")
     assert not _allowed("errors", "diagnosis")
     assert _allowed("diagnosis", "errors")
     assert _allowed("server.app", "case.api")
-    assert ("case.api", "hluk.process") in _imports()
+    assert ("case.api", "hluk.watch") in _imports()
 
 
 def _named_paths() -> list[str]:
@@ -176,3 +176,181 @@ def test_every_install_hint_installs_this_package_from_a_checkout() -> None:
     said = diagnosis.install("serve")
     assert said == "pip install -e '.[serve]' in your verl-hyperlight checkout"
     assert diagnosis.install(again=True).startswith("pip install --force-reinstall -e . in")
+
+
+def _module_trees() -> dict[str, ast.Module]:
+    """Each module of the package (but the guest's), by its name relative to the package."""
+    trees = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[0] == "guest":
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        trees[".".join(parts)] = ast.parse(path.read_text(), str(path))
+    return trees
+
+
+def _importing(names: tuple[str, ...]) -> set[str]:
+    """The modules that import any of `names` (top-level packages), function-level too."""
+    found = set()
+    for module, tree in _module_trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported = [node.module or ""]
+            else:
+                continue
+            if any(name.split(".")[0] in names for name in imported):
+                found.add(module)
+    return found
+
+
+def test_ray_is_imported_by_its_one_home_and_its_options_spelled_there() -> None:
+    assert _importing(("ray",)) == {"case.cluster"}
+    spelled = {
+        module
+        for module, tree in _module_trees().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.keyword) and node.arg in ("num_cpus", "resources", "max_retries")
+    }
+    assert spelled == {"case.cluster"}
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (function-level imports included)."""
+    modules = set(_module_trees())
+    graph: dict[str, set[str]] = {module: set() for module in modules}
+    for importer, imported in _imports():
+        if importer in graph and imported in modules and imported != importer:
+            graph[importer].add(imported)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph`: each a path that comes back to where it began."""
+    circles, state = [], dict.fromkeys(graph, 0)  # 0 unseen, 1 on the path, 2 done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state[target] == 1:
+                circles.append([*path[path.index(target) :], target])
+            elif state[target] == 0:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if state[module] == 0:
+            visit(module, [module])
+    return circles
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    assert _circles(_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+# What outside code calls (verl, uvicorn, prometheus, the console script), not this package.
+CALLED_FROM_OUTSIDE = {
+    "cli.main",  # the console script
+    "tool.CodeInterpreterTool",  # verl's tool registry, by its class_name
+    "CodeInterpreterTool.create",  # verl's agent loop, on the BaseTool it subclasses
+    "CodeInterpreterTool.execute",
+    "CodeInterpreterTool.calc_reward",
+    "CodeInterpreterTool.release",
+    "CodeInterpreterTool.get_openai_tool_schema",
+    "BackendFailures.collect",  # prometheus_client, on every collector registered
+    "ReadyGuestsTaken.collect",
+    "NotebookHost.cancel_call",  # Ray, on the actor's handle, by the name cluster.Actor is given
+}
+
+
+def _public_definitions() -> list[tuple[str, str, bool]]:
+    """(module, name, is_method) of every public function, class and method of the package
+    (but the guest's, which runs in the micro-VM: the host never calls it by name)."""
+    found = []
+    for module, tree in _module_trees().items():
+        for node in tree.body:
+            defined = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+            if isinstance(node, defined) and not node.name.startswith("_"):
+                found.append((module, node.name, False))
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                for item in node.body:
+                    method = (ast.FunctionDef, ast.AsyncFunctionDef)
+                    if isinstance(item, method) and not item.name.startswith("_"):
+                        found.append((node.name, item.name, True))
+    return found
+
+
+def _uses() -> tuple[set[tuple[str, str]], set[str]]:
+    """What the package's own code uses: (module, name) pairs of module-level names (by name in
+    their module, or through an import), and every attribute name read."""
+    named: set[tuple[str, str]] = set()
+    attributes: set[str] = set()
+    trees = _module_trees()
+    for module, tree in trees.items():
+        here = (
+            module.split(".")
+            if (PACKAGE / module.replace(".", "/")).is_dir()
+            else (module.split(".")[:-1])
+        )
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = ".".join([*here[: len(here) - node.level + 1], *filter(None, [node.module])])
+                for alias in node.names:
+                    full = f"{base}.{alias.name}" if base else alias.name
+                    if full in trees:
+                        aliases[alias.asname or alias.name] = full
+                    else:
+                        named.add((base, alias.name))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                attributes.add(node.attr)
+                if isinstance(node.value, ast.Name) and node.value.id in aliases:
+                    named.add((aliases[node.value.id], node.attr))
+            elif isinstance(node, ast.Name):
+                named.add((module, node.id))
+    return named, attributes
+
+
+def test_no_public_function_in_src_is_there_for_the_tests_alone() -> None:
+    named, attributes = _uses()
+    unused = [
+        f"{owner}.{name}"
+        for owner, name, is_method in _public_definitions()
+        if not (name in attributes if is_method else (owner, name) in named)
+        and f"{owner}.{name}" not in CALLED_FROM_OUTSIDE
+        and not name.startswith("__")
+    ]
+    assert unused == [], "public, but nothing in src/ uses it: " + ", ".join(unused)
+
+
+def _calls_in(tree: ast.AST, text: str) -> list[int]:
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value == text
+    ]
+
+
+def test_the_http_url_test_and_the_nodes_memory_have_one_home_each() -> None:
+    for text, home in (
+        ("http://", "case.url"),
+        ("SC_PHYS_PAGES", "node"),
+        ("MemAvailable:", "node"),
+    ):
+        places = {module for module, tree in _module_trees().items() if _calls_in(tree, text)}
+        assert places == {home}, text
+    affinity = {
+        module
+        for module, tree in _module_trees().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in ("sched_getaffinity", "cpu_count")
+    }
+    assert affinity == {"node"}

@@ -226,7 +226,7 @@ def test_each_cause_is_logged_at_error_once_per_process_then_counted(
     caplog: pytest.LogCaptureFixture,
     stage: str,
 ) -> None:
-    from verl_hyperlight.case import api as _api
+    from verl_hyperlight.case import failures as _failures
 
     caplog.set_level(logging.ERROR, logger="verl_hyperlight")
     if stage == "case":
@@ -240,7 +240,7 @@ def test_each_cause_is_logged_at_error_once_per_process_then_counted(
     # three failed starts in a row.
     opened = [error for error in errors if "answered SandboxError at once" in error]
     assert len(opened) == 1 and len(errors) == 2, errors
-    assert _api.failures.counts() == {"kvm": 4}
+    assert _failures.log.counts() == {"kvm": 4}
 
 
 def test_an_internal_error_logs_its_traceback_once_per_cause_and_counts_the_rest(
@@ -248,8 +248,8 @@ def test_an_internal_error_logs_its_traceback_once_per_cause_and_counts_the_rest
 ) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from verl_hyperlight.case import api as _api
-    from verl_hyperlight.case import warmup as _warmup
+    from verl_hyperlight.case import failures as _failures
+    from verl_hyperlight.case import gate as _gate
 
     caplog.set_level(logging.ERROR, logger="verl_hyperlight")
 
@@ -259,14 +259,14 @@ def test_an_internal_error_logs_its_traceback_once_per_cause_and_counts_the_rest
             raise ValueError(f"no gate for {path}")
         raise KeyError(guest.scratch_mb)
 
-    monkeypatch.setattr(_warmup, "gate", broken_gate)
+    monkeypatch.setattr(_gate, "gate", broken_gate)
     memories = [None] * 40 + [1024] * 20
     with ThreadPoolExecutor(8) as pool:
         messages = list(pool.map(lambda m: sandbox_error(run("print(1)", memory=m)), memories))
     assert all("verl-hyperlight internal error" in m for m in messages)
     tracebacks = [r for r in caplog.records if r.exc_info is not None]
     assert sorted(type(r.exc_info[1]).__name__ for r in tracebacks) == ["KeyError", "ValueError"]
-    assert sorted(_api.failures.counts().values()) == [20, 40]
+    assert sorted(_failures.log.counts().values()) == [20, 40]
     # The tenth of each cause is said again, without its traceback.
     reminders = [r for r in caplog.records if "10 cases failed so far" in r.getMessage()]
     assert len(reminders) == 2 and all(r.exc_info is None for r in reminders)

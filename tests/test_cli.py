@@ -11,7 +11,7 @@ import pytest
 from serving import Served
 
 from verl_hyperlight import __version__
-from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.cli import main
 from verl_hyperlight.node import most_case_memory_mb
 
@@ -27,12 +27,12 @@ def test_warm_up_prepares_the_node(
     hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("HLUK_CACHE_DIR", str(tmp_path / "cache"))
-    _warmup.forget()
+    _gate.forget()
     assert main(["warm-up"]) == 0
     out = capsys.readouterr().out
     assert "the python image is warm on this node (pulled and snapshotted in" in out
     # Another process finds the snapshot the first took (and says so).
-    _warmup.forget()
+    _gate.forget()
     assert main(["warm-up"]) == 0
     assert "warm on this node (its warm snapshot restored in" in capsys.readouterr().out
 
@@ -41,7 +41,7 @@ def test_warm_up_says_what_failed_and_exits_1(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("HLUK_PATH", str(tmp_path / "missing" / "hluk"))
-    _warmup.forget()
+    _gate.forget()
     assert main(["warm-up"]) == 1
     assert "hluk was not found at" in capsys.readouterr().err
 

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from verl_hyperlight import run_code, settings
-from verl_hyperlight.case import ready
+from verl_hyperlight.case import api
 from verl_hyperlight.commands import conformance, selftest
 from verl_hyperlight.commands.conformance import (
     FAMILIES,
@@ -201,9 +201,9 @@ class Answers:
     def of(self, prog: Program) -> tuple[list[Shape], list[Shape]]:
         with self.lock:
             if self.results is None:
-                taken = ready.taken()
+                taken = api.ready_guests().taken
                 self.results = self._run_all()  # all run by now: its pool is shut down
-                self.in_ready_guests = ready.taken() - taken
+                self.in_ready_guests = api.ready_guests().taken - taken
         ours, reference = self.results[prog.name]
         return [f.result() for f in ours], [f.result() for f in reference]
 

@@ -17,6 +17,7 @@ from verl_hyperlight import node
 from verl_hyperlight.cli import main
 from verl_hyperlight.commands import doctor
 from verl_hyperlight.hluk import spawn as _spawn
+from verl_hyperlight.hluk import spawners as _spawners
 
 
 def run_doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, dict]]:  # type: ignore[type-arg]
@@ -168,9 +169,9 @@ def test_a_cold_node_warns_to_warm_up_and_is_warm_after(
     assert found["snapshot"]["status"] == "warn"
     assert found["snapshot"]["fix"].startswith("verl-hyperlight warm-up hyperlight://")
     assert found["case"]["status"] == "ok"
-    from verl_hyperlight.case import warmup as _warmup
+    from verl_hyperlight.case import gate as _gate
 
-    _warmup.forget()  # another doctor run: a new process
+    _gate.forget()  # another doctor run: a new process
     _, found = run_doctor(capsys, "hyperlight://")
     assert found["snapshot"]["status"] == "ok"
 
@@ -178,9 +179,9 @@ def test_a_cold_node_warns_to_warm_up_and_is_warm_after(
 def test_a_spawner_that_cannot_start_warns_with_the_way_taken_instead(
     host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(_spawn, "_spawners", {})
-    monkeypatch.setattr(_spawn, "_starts", _spawn._Starts())
-    monkeypatch.setattr(_spawn, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
+    monkeypatch.setattr(_spawners, "_spawners", {})
+    monkeypatch.setattr(_spawners, "_starts", _spawners._Starts())
+    monkeypatch.setattr(_spawners, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
     _, found = run_doctor(capsys)
     assert found["spawn"]["status"] == "warn"
     assert "exited with status 2" in found["spawn"]["detail"]

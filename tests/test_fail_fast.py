@@ -1,4 +1,4 @@
-"""Fail fast while the backend is down: a guest's gate (see _warmup.Gate).
+"""Fail fast while the backend is down: a guest's gate (see _gate.Gate).
 
 When hluk stops starting guests, cases must not each wait out the start-up deadline; a brief
 failure, even one that every case of a batch meets at once, must not fail the batch. Whether a
@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from hostside import KVM_FAILURE, URL, GateClock, Host, fail_with, result, run, sandbox_error
 
-from verl_hyperlight.case import api as _api
-from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.case import failures as _failures
+from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.case.guests import guest_for
-from verl_hyperlight.errors import BackendError, FailingFast
-from verl_hyperlight.hluk import process as _hluk
+from verl_hyperlight.errors import BackendError, Diagnosis, FailingFast
+from verl_hyperlight.hluk import binary as _binary
 
 AT_ONCE = "answered at once"
 OPENED = "so its cases are answered SandboxError at once"
@@ -210,10 +210,10 @@ def test_readiness_checks_are_not_counted_as_cases_answered_at_once(
     monkeypatch.setenv("HLUK_STANDIN_SIGNAL", "SEGV")
     messages = [sandbox_error(run(f"print({i})")) for i in range(6)]
     # serve's /readyz and doctor see the open gate too, at once, but they are no cases.
-    path, guest = _hluk.hluk_path(), guest_for(URL, None)
+    path, guest = _binary.hluk_path(), guest_for(URL, None)
     for _ in range(5):
         with pytest.raises(FailingFast):
-            _warmup.ensure_ready(path, guest)
+            _gate.ensure_ready(path, guest)
 
     monkeypatch.delenv("HLUK_STANDIN_SIGNAL")
     clock.skip_back_off()
@@ -251,29 +251,29 @@ class RaceClock:
 def test_checks_racing_a_probe_that_recovers_get_an_answer_never_an_internal_error(
     host: Host, monkeypatch: pytest.MonkeyPatch, clock: GateClock
 ) -> None:
-    path, guest = _hluk.hluk_path(), guest_for(URL, None)
-    gate = _warmup.gate(path, guest)
+    path, guest = _binary.hluk_path(), guest_for(URL, None)
+    gate = _gate.gate(path, guest)
 
-    def down(*args: object) -> _warmup.Warmth:
-        raise BackendError("hluk at x failed (status 1): down", "hluk-failed")
+    def down(*args: object) -> _gate.Warmth:
+        raise BackendError(Diagnosis("hluk at x failed (status 1)", "", "hluk-failed"))
 
-    monkeypatch.setattr(_warmup, "_warm_up", down)
-    for _ in range(_warmup.OPEN_AFTER):
+    monkeypatch.setattr(_gate, "warm_up", down)
+    for _ in range(_gate.OPEN_AFTER):
         with pytest.raises(BackendError):
             gate.ensure_ready()
     with pytest.raises(FailingFast):
         gate.ensure_ready()
 
-    race = RaceClock(clock.now, clock.now + _warmup.BACK_OFF_MAX_SECONDS + 1)
-    monkeypatch.setattr(_warmup, "time", race)
+    race = RaceClock(clock.now, clock.now + _gate.BACK_OFF_MAX_SECONDS + 1)
+    monkeypatch.setattr(_gate, "time", race)
 
-    def up(*args: object) -> _warmup.Warmth:
+    def up(*args: object) -> _gate.Warmth:
         race.probe = threading.current_thread()
         race.probing.set()
         race.caught_mid_check.wait(5)  # a check is between its reads of the gate's state
-        return _warmup.Warmth(True, 0.0)
+        return _gate.Warmth(True, 0.0)
 
-    monkeypatch.setattr(_warmup, "_warm_up", up)
+    monkeypatch.setattr(_gate, "warm_up", up)
     errors: list[BaseException] = []
 
     def probe() -> None:
@@ -301,7 +301,7 @@ def test_checks_racing_a_probe_that_recovers_get_an_answer_never_an_internal_err
         thread.join(30)
     assert race.caught_mid_check.is_set()  # the interleaving did happen
     assert errors == []
-    assert gate.state is _warmup.State.CLOSED
+    assert gate.state is _gate.State.CLOSED
     assert gate.ensure_ready() is None
 
 
@@ -328,7 +328,7 @@ def test_a_batch_of_memory_hungry_solutions_is_theirs_and_does_not_open_the_gate
     assert len(host.case_runs()) - cases == 16
     assert len(host.warm_ups()) - probes == 0
     assert logged(caplog, OPENED) == []
-    assert _api.failures.counts() == {}
+    assert _failures.log.counts() == {}
     # And the correct solutions after them score.
     later = in_threads(8, 8, lambda i: run(f"print({i})", memory=128))
     assert [result(r)[:4] for r in later] == [

@@ -15,7 +15,7 @@ import pytest
 from hostside import Host, option, result, run
 
 from verl_hyperlight.guest.protocol import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
-from verl_hyperlight.hluk import process as _hluk
+from verl_hyperlight.hluk import watch as _watch
 
 MIB = 1024 * 1024
 # Find the console among the solution's descriptors (the runner keeps it open) and write to it
@@ -102,7 +102,7 @@ def test_host_memory_per_case_stays_bounded_whatever_the_guest_prints(host: Host
         assert done.returncode == 0, done.stderr
         measured[name] = json.loads(done.stdout)
     baseline = measured["prints nothing"]["peak_kib"]
-    print(f"\nCONSOLE_LIMIT = {_hluk.CONSOLE_LIMIT / MIB:.1f} MiB")
+    print(f"\nCONSOLE_LIMIT = {_watch.CONSOLE_LIMIT / MIB:.1f} MiB")
     for name, found in measured.items():
         extra = (found["peak_kib"] - baseline) / 1024
         print(

@@ -279,9 +279,9 @@ def test_a_mount_written_after_the_guest_started_is_read(tmp_path: Path) -> None
 def test_cases_in_ready_guests_answer_as_in_micro_vms_started_for_them() -> None:
     """Cases one after another take the micro-VM started while the last ran: each answer as a
     fresh one's, its random state its own."""
-    from verl_hyperlight.case import ready
+    from verl_hyperlight.case import api
 
-    taken = ready.taken()
+    taken = api.ready_guests().taken
     code = "import random, sys\nprint(sys.stdin.read(), random.getrandbits(64))"
     answers = []
     for i in range(6):
@@ -289,4 +289,4 @@ def test_cases_in_ready_guests_answer_as_in_micro_vms_started_for_them() -> None
         time.sleep(0.5)  # the next one's guest restores meanwhile
     assert [words[0] for words in answers] == [f"case{i}" for i in range(6)]
     assert len({words[1] for words in answers}) == 6
-    assert ready.taken() - taken >= 4
+    assert api.ready_guests().taken - taken >= 4

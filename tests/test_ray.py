@@ -229,7 +229,7 @@ def test_a_node_with_ready_guests_runs_its_cases_in_them(cluster: RayCluster) ->
         runs = [json.loads(line) for line in node.argv_log.read_text().splitlines()]
         execs = [argv[argv.index("--exec") + 1] for argv in runs if "--exec" in argv]
         own = sum(".main(" in code for code in execs)
-        assert sum(".ready(" in code for code in execs) >= 1 and own < 5, execs
+        assert sum(".await_case(" in code for code in execs) >= 1 and own < 5, execs
     finally:
         cluster.remove(node)
     assert [result(answer)[3] for answer in answers] == [f"{i * i}\n" for i in range(5)]

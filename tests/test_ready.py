@@ -28,9 +28,10 @@ from hostside import (
 )
 
 from verl_hyperlight import settings
-from verl_hyperlight.case import api, ready, warmup
+from verl_hyperlight.case import api, ready
+from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.case.guests import guest_for
-from verl_hyperlight.hluk.process import hluk_path
+from verl_hyperlight.hluk.binary import hluk_path
 
 # A case whose answer shows its input, its files, its own random draw and its exit.
 CASE = textwrap.dedent(
@@ -58,7 +59,7 @@ def on(host: Host, monkeypatch: pytest.MonkeyPatch) -> Host:
 
 def pool(memory: object = None) -> ready.ReadyGuests:
     """The ready guests of the python guest (of `memory`) on the stand-in."""
-    return warmup.gate(hluk_path(), guest_for(URL, memory)).ready
+    return _gate.gate(hluk_path(), guest_for(URL, memory)).ready_guests
 
 
 def case(stdin: str, memory: object = None) -> dict[str, object]:
@@ -70,7 +71,7 @@ def case(stdin: str, memory: object = None) -> dict[str, object]:
 
 
 def ready_runs(host: Host) -> list[list[str]]:
-    return [argv for argv in host.runs() if ".ready(" in (option(argv, "--exec") or "")]
+    return [argv for argv in host.runs() if ".await_case(" in (option(argv, "--exec") or "")]
 
 
 def ready_hluks(host: Host) -> list[int]:
@@ -79,7 +80,7 @@ def ready_hluks(host: Host) -> list[int]:
     return [
         pid
         for pid in processes_with(str(host.tmpfs))
-        if b".ready(" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b".await_case(" in Path(f"/proc/{pid}/cmdline").read_bytes()
         and b"/standin/hluk\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
 
@@ -105,7 +106,7 @@ def test_a_case_in_a_ready_guest_answers_as_in_one_started_for_it(
     assert pool().taken == before + 1
     assert comparable(second) == comparable(case("two")) != comparable(first)
     monkeypatch.setenv(settings.READY_GUESTS.name, "0")
-    warmup.forget()
+    _gate.forget()
     off = case("two")
     assert pool().taken == 0 and pool().count() == 0
     assert comparable(off) == comparable(second)
@@ -199,11 +200,11 @@ def test_a_ready_guest_that_died_waiting_is_passed_over_and_charged_to_no_case(
     (waiting,) = ready_hluks(on)
     os.killpg(waiting, signal.SIGKILL)
     assert wait_for(lambda: waiting not in ready_hluks(on))
-    gate = warmup.gate(hluk_path(), guest_for(URL, None))
+    gate = _gate.gate(hluk_path(), guest_for(URL, None))
     caplog.set_level(logging.WARNING, "verl_hyperlight")
     assert result(case("next"))[3].startswith("stdin next\n")
     assert pool().died == 1 and gate.failures_in_a_row == 0
-    assert gate.state is warmup.State.CLOSED and caplog.records == []
+    assert gate.state is _gate.State.CLOSED and caplog.records == []
     waiting_for(1)  # replaced
 
 
@@ -215,10 +216,10 @@ def test_a_gate_that_opens_ends_its_ready_guests_and_starts_none_while_open(
     (waiting,) = ready_hluks(on)
     subprocess.run([hluk_path(), "cache", "clean", "--snapshots"], check=True, capture_output=True)
     fail_with(monkeypatch, fail_file, "failed to open /dev/kvm: Permission denied", 100)
-    for _ in range(warmup.OPEN_AFTER + 1):
+    for _ in range(_gate.OPEN_AFTER + 1):
         assert "/dev/kvm" in sandbox_error(case("x"))
-    gate = warmup.gate(hluk_path(), guest_for(URL, None))
-    assert gate.state is warmup.State.OPEN
+    gate = _gate.gate(hluk_path(), guest_for(URL, None))
+    assert gate.state is _gate.State.OPEN
     assert wait_for(lambda: waiting not in ready_hluks(on))
     started = len(ready_runs(on))
     assert "answered at once" in sandbox_error(case("y"))
@@ -284,7 +285,7 @@ def test_off_starts_none(host: Host) -> None:
     assert settings.READY_GUESTS.value() == 0  # the host fixture's
     for stdin in ("a", "b"):
         assert result(case(stdin))[3].startswith(f"stdin {stdin}\n")
-    assert ready_runs(host) == [] and ready.waiting() == 0
+    assert ready_runs(host) == [] and api.ready_guests().waiting == 0
 
 
 def test_sixty_four_cases_at_once_with_four_ready_guests(on: Host) -> None:
@@ -295,7 +296,7 @@ def test_sixty_four_cases_at_once_with_four_ready_guests(on: Host) -> None:
         assert (status, run_status, code) == ("Failed", "Finished", 3)
         assert stdout.startswith(f"stdin {i}\nfile hello\n")
     assert pool().count() <= 4 and len(ready_hluks(on)) <= 4
-    warmup.forget()  # ends them, and waits
+    _gate.forget()  # ends them, and waits
     assert ready_hluks(on) == [] and on.case_dirs() == []
 
 
@@ -305,7 +306,9 @@ def test_a_forked_child_uses_none_of_its_parents(on: Host) -> None:
     (waiting,) = ready_hluks(on)
     child = os.fork()
     if child == 0:  # pragma: no cover - the child's exit status is the test
-        ok = ready.waiting() == 0 and result(case("child"))[3].startswith("stdin child\n")
+        ok = api.ready_guests().waiting == 0 and result(case("child"))[3].startswith(
+            "stdin child\n"
+        )
         os._exit(0 if ok and pool().taken == 0 else 1)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
@@ -316,10 +319,10 @@ def test_a_forked_child_uses_none_of_its_parents(on: Host) -> None:
 WORKER = """
 import os, sys, time
 from verl_hyperlight import run_code
-from verl_hyperlight.case import ready
+from verl_hyperlight.case import api
 response, error = run_code("hyperlight://", "print(1)", None, None, 10, None)
 assert error is None and response["status"] == "Success", (response, error)
-while ready.waiting() == 0:
+while api.ready_guests().waiting == 0:
     time.sleep(0.05)
 print("waiting", flush=True)
 time.sleep(600)

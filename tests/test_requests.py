@@ -16,6 +16,7 @@ from verl_hyperlight import run_code
 from verl_hyperlight import settings as _settings
 from verl_hyperlight.case import api as _api
 from verl_hyperlight.case import casedir as _casedir
+from verl_hyperlight.case import failures as _failures
 from verl_hyperlight.errors import CauseCounts
 
 MIB = 1024 * 1024
@@ -105,7 +106,7 @@ def test_another_language_is_the_clients_doing_said_once_and_no_backend_failure(
         sandbox_error(run("int main() {}", language="cpp"))
     said = [r for r in caplog.records if "'cpp' is not supported" in r.getMessage()]
     assert [r.levelno for r in said] == [logging.WARNING]
-    assert _api.failures.counts() == {}  # /metrics' backend failures
+    assert _failures.log.counts() == {}  # /metrics' backend failures
 
 
 def test_nul_bytes_in_code_are_a_syntax_error_as_cpython_gives(host: Host) -> None:

@@ -11,6 +11,7 @@ import traceback
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -550,6 +551,20 @@ def as_a_console_passes_it(frames: bytes, noise: bytes) -> bytes:
     return noise + frames.replace(b"\n", b"\r\n").replace(b"\r\n\r\n", b"\r\n" + noise + b"\r\n")
 
 
+def feed(console: Any, chunk: bytes) -> None:
+    """Hand `chunk` to `console` as hluk's stdout hands it over: through a pipe, read by the
+    console's own read, a pipe's worth at a time."""
+    read, write = os.pipe()
+    try:
+        for offset in range(0, len(chunk), 65536):
+            left = os.write(write, chunk[offset : offset + 65536])
+            while left:
+                left -= console.read(read)
+    finally:
+        os.close(read)
+        os.close(write)
+
+
 @pytest.mark.parametrize("read_size", [1, 7, 4096, 1 << 20])
 def test_the_hosts_parser_reads_what_the_runner_writes(
     output_case: runner._Case, tmp_path: Path, read_size: int
@@ -564,7 +579,7 @@ def test_the_hosts_parser_reads_what_the_runner_writes(
     console = _console.Console(output_case.nonce.decode())
     stream = as_a_console_passes_it(frames, b"hl_driver: noise 00 end 0 0 - 0 0")
     for offset in range(0, len(stream), read_size):
-        console.feed(stream[offset : offset + read_size])
+        feed(console, stream[offset : offset + read_size])
     assert console.started and console.done
     assert console.end is not None and (console.end.status, console.end.sizes) == (4, (4, 3))
     assert bytes(console.stream("stdout")) == b"\xce\xbbx\n"
@@ -578,15 +593,15 @@ def test_frames_of_another_nonce_or_malformed_are_not_the_runners() -> None:
     nonce = "ab" * 16
     console = _console.Console(nonce)
     frame = runner.protocol.frame
-    console.feed(frame(nonce.encode(), runner.protocol.START))
-    console.feed(frame(b"cd" * 16, runner.protocol.END, b"0", b"0.1", b"-", b"0", b"0"))
-    console.feed(frame(nonce.encode(), runner.protocol.END, b"0", b"zero", b"-", b"0", b"0"))
-    console.feed(frame(nonce.encode(), runner.protocol.STDOUT, b"not base64!"))
+    feed(console, frame(nonce.encode(), runner.protocol.START))
+    feed(console, frame(b"cd" * 16, runner.protocol.END, b"0", b"0.1", b"-", b"0", b"0"))
+    feed(console, frame(nonce.encode(), runner.protocol.END, b"0", b"zero", b"-", b"0", b"0"))
+    feed(console, frame(nonce.encode(), runner.protocol.STDOUT, b"not base64!"))
     assert console.started and console.end is None and not console.done
 
 
 def test_the_copy_out_budget_counts_the_fetched_files_too() -> None:
-    from verl_hyperlight.hluk import process as _hluk
+    from verl_hyperlight.hluk import watch as _watch
 
     protocol = runner.protocol
     end = protocol.End(0, 0.1, None, (3, 4), (5, protocol.FILE_MISSING, protocol.FILE_LEFT_OUT))
@@ -594,5 +609,5 @@ def test_the_copy_out_budget_counts_the_fetched_files_too() -> None:
     mib = 1024 * 1024
     output_only = protocol.End(0, 0.1, None, (mib, 0))
     with_a_file = protocol.End(0, 0.1, None, (mib, 0), (8 * mib,))
-    extra = _hluk._copy_out_budget(with_a_file) - _hluk._copy_out_budget(output_only)
-    assert extra == 8 * mib / _hluk.COPY_OUT_BYTES_PER_SECOND
+    extra = _watch._copy_out_budget(with_a_file) - _watch._copy_out_budget(output_only)
+    assert extra == 8 * mib / _watch.COPY_OUT_BYTES_PER_SECOND

@@ -270,7 +270,7 @@ def test_a_notebook_that_cannot_start_fails_its_check_with_the_fix(
     fail_with(monkeypatch, fail_file, KVM_FAILURE, 100)
     check = st.notebook_check(URL)
     assert (check.name, check.status) == ("notebook", "fail"), check
-    assert check.detail.startswith("its call 'shared = 41' answered ")
+    assert check.detail.startswith("its call 'shared = 41' failed in the backend: ")
     assert "Permission denied" in check.detail and check.fix
     assert notebooks() == {}
 

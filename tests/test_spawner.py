@@ -30,11 +30,12 @@ from hostside import (
 )
 
 from verl_hyperlight import settings as _settings
-from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.errors import CauseCounts
+from verl_hyperlight.hluk import binary as _binary
 from verl_hyperlight.hluk import console as _console
-from verl_hyperlight.hluk import process as _hluk
 from verl_hyperlight.hluk import spawn as _spawn
+from verl_hyperlight.hluk import spawners as _spawners
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_run_code.py"
 
@@ -43,21 +44,21 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_run_code.
 def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A process with no spawner yet, and one at most (the tests' own are put back after)."""
     monkeypatch.delenv(_settings.SPAWN.name, raising=False)
-    monkeypatch.setattr(_spawn, "_spawners", {})
-    monkeypatch.setattr(_spawn, "SPAWNERS", 1)
-    monkeypatch.setattr(_spawn, "_starts", _spawn._Starts())
+    monkeypatch.setattr(_spawners, "_spawners", {})
+    monkeypatch.setattr(_spawners, "SPAWNERS", 1)
+    monkeypatch.setattr(_spawners, "_starts", _spawners._Starts())
     # What earlier tests of the process said once (a spawner that did not answer in time, seen
     # in a loaded soak) is not said again: this test's own must be the first.
-    monkeypatch.setattr(_spawn, "_unanswered", CauseCounts())
+    monkeypatch.setattr(_spawners, "_unanswered", CauseCounts())
     yield
-    for spawner in _spawn._spawners.values():
+    for spawner in _spawners._spawners.values():
         if spawner.alive and spawner.process is not None:
             spawner.alive = False  # no news of its death: the test ends it
             spawner.process.kill()
 
 
 def spawner_pid(slot: int = 0) -> int:
-    spawner = _spawn._spawners[slot]
+    spawner = _spawners._spawners[slot]
     assert spawner.process is not None
     return spawner.process.pid
 
@@ -81,9 +82,9 @@ def test_hluk_is_started_by_the_spawner_not_by_the_worker(host: Host, fresh: Non
 def assert_the_next_case_starts_another_spawner(dead: int) -> None:
     # Once the thread that owns the dead spawner has seen it die (a case that finds it gone
     # before that takes the next way, setpriv or fork, and leaves the slot as it is).
-    assert wait_for(lambda: spawner_pid() != dead or not _spawn._spawners[0].alive)
+    assert wait_for(lambda: spawner_pid() != dead or not _spawners._spawners[0].alive)
     assert result(run("print(1)"))[3] == "1\n"
-    assert spawner_pid() != dead and _spawn._spawners[0].alive
+    assert spawner_pid() != dead and _spawners._spawners[0].alive
 
 
 def test_a_spawner_killed_before_the_solution_started_is_retried_on_another(
@@ -170,7 +171,7 @@ def test_a_spawner_started_by_a_thread_that_ends_outlives_it(host: Host, fresh: 
 def test_a_spawner_that_cannot_start_leaves_cases_to_the_next_way_with_one_warning(
     host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_spawn, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
+    monkeypatch.setattr(_spawners, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
     caplog.set_level(logging.WARNING, "verl_hyperlight")
     for _ in range(3):
         assert result(run("print(3)"))[3] == "3\n"
@@ -178,7 +179,7 @@ def test_a_spawner_that_cannot_start_leaves_cases_to_the_next_way_with_one_warni
         r.getMessage() for r in caplog.records if "cannot start the spawner" in r.getMessage()
     ]
     assert len(warnings) == 1 and "exited with status 2" in warnings[0]
-    assert not any(spawner.alive for spawner in _spawn._spawners.values())
+    assert not any(spawner.alive for spawner in _spawners._spawners.values())
 
 
 def hluk_parent_during(case: str, marker: str) -> int:
@@ -205,17 +206,17 @@ def test_a_spawner_start_that_fails_once_is_tried_again_and_later_cases_go_throu
     # A passing EAGAIN of pids.max, ENOMEM, a slow start: the first start fails, the next
     # works. The back-off lasts while the start would fail, and is over once it would work.
     caplog.set_level(logging.WARNING, "verl_hyperlight")
-    monkeypatch.setattr(_spawn, "SPAWNER_RETRY_SECONDS", 3600.0)
-    script = _spawn.SPAWNER_SCRIPT
-    monkeypatch.setattr(_spawn, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
+    monkeypatch.setattr(_spawners, "SPAWNER_RETRY_SECONDS", 3600.0)
+    script = _spawners.SPAWNER_SCRIPT
+    monkeypatch.setattr(_spawners, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
     marker = str(host.tmpdir)  # in hluk's argv: the case directory it mounts
     sleeper = "import time\ntime.sleep(30)\n"
     for _ in range(2):
         assert hluk_parent_during(sleeper, marker) == os.getpid()  # through setpriv or a fork
-    monkeypatch.setattr(_spawn, "SPAWNER_SCRIPT", script)
-    monkeypatch.setattr(_spawn, "SPAWNER_RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(_spawners, "SPAWNER_SCRIPT", script)
+    monkeypatch.setattr(_spawners, "SPAWNER_RETRY_SECONDS", 0.0)
     assert result(run("print(1)"))[3] == "1\n"  # starts the retry, and takes the next way
-    assert wait_for(lambda: 0 in _spawn._spawners and _spawn._spawners[0].alive)
+    assert wait_for(lambda: 0 in _spawners._spawners and _spawners._spawners[0].alive)
     for _ in range(2):
         assert hluk_parent_during(sleeper, marker) == spawner_pid()
     said = [r.getMessage() for r in caplog.records if "spawner" in r.getMessage()]
@@ -230,7 +231,7 @@ def test_a_frozen_spawner_holds_no_case_past_its_time_limit(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(_spawn, "SPAWNER_STOP_SECONDS", 0.5)
+    monkeypatch.setattr(_spawners, "SPAWNER_STOP_SECONDS", 0.5)
     run("pass")
     spawner = spawner_pid()
     marker = str(host.tmpdir)  # in hluk's argv: the case directory it mounts
@@ -261,7 +262,7 @@ def test_an_unknown_way_is_logged_once_and_the_spawner_used(
         assert result(run("print(4)"))[3] == "4\n"
     errors = [r.getMessage() for r in caplog.records if setting in r.getMessage()]
     assert len(errors) == 1 and "spawner, setpriv, fork" in errors[0]
-    assert _spawn._spawners[0].alive
+    assert _spawners._spawners[0].alive
 
 
 @pytest.mark.parametrize("way", _settings.SPAWN_WAYS)
@@ -286,11 +287,12 @@ import os, sys
 from verl_hyperlight import run_code
 from verl_hyperlight.errors import CauseCounts
 from verl_hyperlight.hluk import spawn as _spawn
-_spawn.SPAWNERS = 1
+from verl_hyperlight.hluk import spawners as _spawners
+_spawners.SPAWNERS = 1
 def case():
     response, error = run_code("hyperlight://", "print(5)", "", None, 10, None)
     assert response["run_result"]["stdout"] == "5\\n", (response, error)
-    return _spawn._spawners[0].process.pid
+    return _spawners._spawners[0].process.pid
 parent_spawner = case()
 child = os.fork()
 if child == 0:
@@ -316,10 +318,10 @@ def test_a_forked_worker_starts_a_spawner_of_its_own(host: Host) -> None:
 def test_cases_take_a_workers_spawners_in_turn(
     host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_spawn, "SPAWNERS", 2)
+    monkeypatch.setattr(_spawners, "SPAWNERS", 2)
     for _ in range(4):
         assert result(run("print(6)"))[3] == "6\n"
-    assert sorted(_spawn._spawners) == [0, 1] and spawner_pid(0) != spawner_pid(1)
+    assert sorted(_spawners._spawners) == [0, 1] and spawner_pid(0) != spawner_pid(1)
     assert {spawner_pid(0), spawner_pid(1)} <= children_of(os.getpid())
 
 
@@ -334,7 +336,7 @@ def test_a_request_larger_than_the_spawners_socket_takes_runs_through_it(
         monkeypatch.setenv(f"HLUK_STANDIN_OPERATORS_{index}", "x" * 1024)
     caplog.set_level(logging.WARNING, "verl_hyperlight")
     assert result(run("print(7)"))[3] == "7\n"
-    assert _spawn._spawners[0].alive and spawner_pid() == spawner
+    assert _spawners._spawners[0].alive and spawner_pid() == spawner
     assert [r.getMessage() for r in caplog.records] == []
 
 
@@ -344,7 +346,7 @@ def test_a_spawner_that_answers_slowly_is_not_stopped(
     # A very loaded node: the spawner does not run for a while. Only the case's own start-up
     # deadline bounds its answer; none of the package's own (the 30 s it once had, were it any
     # shorter) stops a spawner that is merely slow.
-    monkeypatch.setattr(_spawn, "SPAWNER_ANSWER_SECONDS", 0.5, raising=False)
+    monkeypatch.setattr(_spawners, "SPAWNER_ANSWER_SECONDS", 0.5, raising=False)
     run("pass")
     spawner = spawner_pid()
     caplog.set_level(logging.WARNING, "verl_hyperlight")
@@ -355,7 +357,7 @@ def test_a_spawner_that_answers_slowly_is_not_stopped(
         assert result(run("print(8)"))[3] == "8\n"
     finally:
         resume.join()
-    assert _spawn._spawners[0].alive and spawner_pid() == spawner
+    assert _spawners._spawners[0].alive and spawner_pid() == spawner
     assert [r.getMessage() for r in caplog.records] == []
 
 
@@ -365,7 +367,7 @@ def test_a_hluk_started_after_its_case_gave_up_is_killed_not_orphaned(
     run("pass")
     spawner = spawner_pid()
     monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "0.5")
-    monkeypatch.setattr(_hluk, "VERSION_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(_binary, "VERSION_TIMEOUT_SECONDS", 0.5)
     os.kill(spawner, signal.SIGSTOP)
     try:
         # The case, and the probe before its retry (hluk --version first), give up before
@@ -377,9 +379,9 @@ def test_a_hluk_started_after_its_case_gave_up_is_killed_not_orphaned(
     # Once it runs again it starts each hluk, finds no one reading its status, and kills and
     # reaps it.
     assert wait_for(lambda: not children_of(spawner)), children_of(spawner)
-    assert _spawn._spawners[0].alive and spawner_pid() == spawner
+    assert _spawners._spawners[0].alive and spawner_pid() == spawner
     monkeypatch.delenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT")
-    _warmup.forget()  # the gate those failures opened is another test's subject
+    _gate.forget()  # the gate those failures opened is another test's subject
     assert result(run("print(10)"))[3] == "10\n"
 
 

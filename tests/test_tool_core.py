@@ -19,6 +19,7 @@ from hostside import Host, wait_for
 
 from verl_hyperlight import node
 from verl_hyperlight.agent import calls as _tool
+from verl_hyperlight.agent import pool as _pool
 from verl_hyperlight.agent.calls import (
     BUSY,
     NO_STDOUT,
@@ -393,7 +394,7 @@ class NotebookDouble:
 def notebook_double(monkeypatch: pytest.MonkeyPatch) -> type[NotebookDouble]:
     monkeypatch.setattr(NotebookDouble, "gate", Gate())
     monkeypatch.setattr(NotebookDouble, "made", [])
-    monkeypatch.setattr(_tool, "Notebook", NotebookDouble)
+    monkeypatch.setattr(_pool, "Notebook", NotebookDouble)
     return NotebookDouble
 
 

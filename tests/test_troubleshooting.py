@@ -19,8 +19,8 @@ from serving import Served
 
 from verl_hyperlight import diagnosis
 from verl_hyperlight.case import api as _api
+from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.case import pytest_library as _pytest_library
-from verl_hyperlight.case import warmup as _warmup
 from verl_hyperlight.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ class Case:
 
     def said(self, *argv: str) -> str:
         """What `verl-hyperlight ARGV` printed and logged."""
-        _warmup.forget()
+        _gate.forget()
         try:
             main(list(argv))
         except SystemExit:  # argparse refusing an argument
@@ -166,14 +166,18 @@ def test_the_page_lists_the_messages_made_here() -> None:
 
 
 def causes_diagnosis_gives() -> set[str]:
-    """The second argument of each BackendError diagnosis.py makes: a constant, or a pattern
-    with `*` for each value an f-string puts in."""
+    """The cause of each Diagnosis diagnosis.py makes (its third argument, or `cause=`, also
+    through `_failed`): a constant, or a pattern with `*` for each value an f-string puts in."""
     tree = ast.parse(Path(diagnosis.__file__).read_text())
     causes = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "BackendError":
-            cause = node.args[1]
-            if isinstance(cause, ast.Name):  # hluk_file_problem's, gathered below
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
+            "Diagnosis",
+            "_failed",
+        ):
+            given = {keyword.arg: keyword.value for keyword in node.keywords}
+            cause = node.args[2] if len(node.args) > 2 else given["cause"]
+            if isinstance(cause, ast.Name):  # _failed's own call of Diagnosis
                 continue
             if isinstance(cause, ast.Constant):
                 causes.add(str(cause.value))
@@ -185,12 +189,6 @@ def causes_diagnosis_gives() -> set[str]:
                         for part in cause.values
                     )
                 )
-        if isinstance(node, ast.FunctionDef) and node.name == "hluk_file_problem":
-            for returned in ast.walk(node):
-                if isinstance(returned, ast.Return) and isinstance(returned.value, ast.Tuple):
-                    cause = returned.value.elts[-1]
-                    assert isinstance(cause, ast.Constant)
-                    causes.add(str(cause.value))
     return causes
 
 

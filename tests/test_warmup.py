@@ -33,7 +33,8 @@ from hostside import (
 
 from verl_hyperlight import settings as _settings
 from verl_hyperlight.case import api as _api
-from verl_hyperlight.case import warmup as _warmup
+from verl_hyperlight.case import gate as _gate
+from verl_hyperlight.case import snapshots as _snapshots
 
 # One worker process: THREADS threads call run_code at once (half with verl's default memory
 # limit, half with the image's default memory: two guests), once a start file appears.
@@ -116,7 +117,7 @@ def test_warm_up_runs_before_the_first_case_and_not_again(host: Host) -> None:
 
     # Another process on the node (here: this one, having forgotten) sees the guest warm by
     # a probe of its own, which restores the snapshot the first took.
-    _warmup.forget()
+    _gate.forget()
     assert result(run("print('third')"))[:4] == ("Success", "Finished", 0, "third\n")
     assert len(host.warm_ups()) == 2
     assert len(host.case_runs()) == 3
@@ -232,11 +233,11 @@ def test_the_warm_up_command_says_the_node_is_cold_once_its_snapshot_is_gone(
     from verl_hyperlight.cli import main
 
     assert main(["warm-up"]) == 0
-    _warmup.forget()
+    _gate.forget()
     assert main(["warm-up"]) == 0
     assert "restored in" in capsys.readouterr().out
     hluk_command("cache", "clean", "--snapshots")
-    _warmup.forget()
+    _gate.forget()
     assert main(["warm-up"]) == 0
     assert "pulled and snapshotted in" in capsys.readouterr().out
 
@@ -272,15 +273,15 @@ def test_a_probe_outside_a_case_is_held_to_the_startup_setting(
     # deadline of their own: a guest seen warm is held to the cases' start-up setting, not 60 s.
     from verl_hyperlight.case.guests import guest_for
     from verl_hyperlight.errors import BackendError
-    from verl_hyperlight.hluk import process as _hluk
+    from verl_hyperlight.hluk import binary as _binary
 
-    path, guest = _hluk.hluk_path(), guest_for("hyperlight://", None)
-    assert _warmup.ensure_ready(path, guest) is not None  # probed: now seen warm
-    _warmup.gate(path, guest).state = _warmup.State.SUSPECT  # as after a case hluk did not start
+    path, guest = _binary.hluk_path(), guest_for("hyperlight://", None)
+    assert _gate.ensure_ready(path, guest) is not None  # probed: now seen warm
+    _gate.gate(path, guest).state = _gate.State.SUSPECT  # as after a case hluk did not start
     monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
     monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "2")
     with pytest.raises(BackendError, match=r"did not start within 2 s \(VERL_HYPERLIGHT_STARTUP"):
-        _warmup.ensure_ready(path, guest)
+        _gate.ensure_ready(path, guest)
 
 
 def test_a_hluk_that_hangs_on_a_guest_not_known_warm_is_answered_within_the_startup_deadline(
@@ -291,7 +292,7 @@ def test_a_hluk_that_hangs_on_a_guest_not_known_warm_is_answered_within_the_star
     # VERL_HYPERLIGHT_WARM_UP_TIMEOUT (900 s), is cut once hluk has said nothing for the
     # start-up deadline.
     run("pass")  # the image is pulled: no pull is left to wait for
-    _warmup.forget()
+    _gate.forget()
     monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
     monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "2")
     answers: list[dict[str, object]] = []
@@ -365,7 +366,7 @@ def test_a_gate_that_cannot_tell_its_snapshot_compares_hluks_whole_cache(
 ) -> None:
     # A hluk whose snapshots carry no stamp this package reads: any new snapshot may be the
     # guest's, so its gate probes again.
-    monkeypatch.setattr(_warmup, "STAMP_FILE", "no-such-file")
+    monkeypatch.setattr(_snapshots, "STAMP_FILE", "no-such-file")
     run("pass")
     run("pass", memory=1024)
     run("pass")
@@ -450,7 +451,7 @@ class Cases:
             frame = frames.get(self.threads[index].ident or -1)
             if frame is None or frame.f_code.co_name != "wait":
                 continue
-            while frame is not None and frame.f_code.co_filename != _warmup.__file__:
+            while frame is not None and frame.f_code.co_filename != _gate.__file__:
                 frame = frame.f_back
             if frame is not None:
                 found.append(index)
@@ -512,8 +513,8 @@ def test_a_probe_nobody_waits_for_is_cancelled_and_the_next_case_probes_again(
     assert all(cancelled(cases.answers[i]) for i in waiting)
     # The last one gone, its probe was cancelled: its hluk killed, the gate suspect again.
     assert wait_for(lambda: not probes_running()), "the probe runs on for nobody"
-    gate = next(iter(_warmup._registry.values()))
-    assert wait_for(lambda: gate.state is _warmup.State.SUSPECT)
+    gate = next(iter(_gate._registry.values()))
+    assert wait_for(lambda: gate.state is _gate.State.SUSPECT)
     assert result(run("print('next')"))[3] == "next\n"
     assert len(host.warm_ups()) == 2
     assert gate.failures_in_a_row == 0  # a cancelled probe is no failure of hluk's
@@ -544,13 +545,13 @@ def test_a_case_waiting_for_the_nodes_warm_up_lock_is_cancelled_at_once(
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         case = cases.start("print(1)")
-        gate = wait_for(lambda: next(iter(_warmup._registry.values()), None))
-        assert isinstance(gate, _warmup.Gate)
-        assert wait_for(lambda: gate.state is _warmup.State.PROBING)
+        gate = wait_for(lambda: next(iter(_gate._registry.values()), None))
+        assert isinstance(gate, _gate.Gate)
+        assert wait_for(lambda: gate.state is _gate.State.PROBING)
         cases.cancels[case].set()
         assert cases.answered(case), "the cancelled case waits for the warm-up lock"
         assert cancelled(cases.answers[case])
-        assert wait_for(lambda: gate.state is _warmup.State.SUSPECT)
+        assert wait_for(lambda: gate.state is _gate.State.SUSPECT)
         assert host.warm_ups() == [] and holder.poll() is None
     finally:
         holder.communicate("", timeout=30)

@@ -64,7 +64,8 @@ CASE_HOLDER = f"#!/bin/sh\nexec sleep {HOLD}\n"
 WORKER = """
 import fcntl, hashlib, json, os, resource, secrets, stat, sys, threading
 from verl_hyperlight.guest import protocol
-from verl_hyperlight.hluk import process
+from verl_hyperlight.hluk import watch
+from verl_hyperlight.hluk.notebook import NotebookProcess
 from verl_hyperlight.outcome import Ending
 
 given = json.loads(sys.argv[1])
@@ -79,8 +80,8 @@ def call(notebook, code):
     return outcome.ending.name, bytes(outcome.stdout).decode()
 
 def notebook(argv, nonce):
-    started = process.NotebookProcess(argv)
-    ready = started.ready(nonce, 120)
+    started = NotebookProcess(argv)
+    ready = started.await_up(nonce, 120)
     assert ready.ending is Ending.FINISHED, (ready.ending, ready.hluk_stderr, ready.preamble)
     return started
 
@@ -92,7 +93,7 @@ for _ in range(given["notebooks"]):
 held = threading.Event()
 holding = ([given["case_holder"]], "0" * 32, 600, 600)
 cases = [
-    threading.Thread(target=process.run, args=holding, kwargs={"cancel": held}, daemon=True)
+    threading.Thread(target=watch.run, args=holding, kwargs={"cancel": held}, daemon=True)
     for _ in range(given["cases"])
 ]
 for case in cases:

@@ -4,25 +4,23 @@ Fusion's HTTP API."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import json
 import logging
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import TypeAlias
 
 from . import __version__, diagnosis, node
-from .case import warmup
+from .case import gate
 from .case.api import run_code
 from .case.guests import Guest, guest_for
 from .case.url import is_http
+from .case.warmup import Warmth
+from .commands.progress import progress
 from .errors import BackendError, InvalidRequest
-from .hluk import process as hluk
+from .hluk.binary import hluk_path
 from .hluk.spawn import raise_descriptor_limit
-from .settings import TOKEN
+from .settings import TOKEN, ServeSettings, memory_limit_refusal
 
 # What each command's parser is added to (argparse's type for it, generic only to checkers).
 _Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -174,59 +172,50 @@ def _add_serve(commands: _Commands) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     serve.add_argument("--port", type=int, default=8080, help="port (8080)")
     serve.add_argument("--url", default="hyperlight://", help="sandbox URL the cases run with")
+    # Parsed here, judged by ServeSettings (settings.py), which makes the defaults too: its
+    # refusal is this parser's usage error.
+    serve.set_defaults(usage=serve)
     serve.add_argument(
         "--max-concurrent",
-        type=_positive_int,
-        default=None,
+        type=int,
         help="micro-VMs at once (default: the CPUs this process may use)",
     )
     serve.add_argument(
         "--max-queue",
-        type=_positive_int,
-        default=None,
+        type=int,
         help="requests that may wait for a micro-VM (default: 8 x max-concurrent)",
     )
     serve.add_argument(
         "--max-wait",
-        type=_non_negative_float,
-        default=5.0,
+        type=float,
         help="seconds a request waits for a micro-VM before HTTP 504 (default 5; never more "
         "than its compile_timeout + 5; a free one is always taken, even with 0)",
     )
-    serve.add_argument(
-        "--max-body-mb", type=_positive_int, default=64, help="largest request body (64 MiB)"
-    )
+    serve.add_argument("--max-body-mb", type=int, help="largest request body (64 MiB)")
     serve.add_argument(
         "--max-bodies-mb",
-        type=_positive_int,
-        default=None,
+        type=int,
         help="the request bodies held at once, in all (being read, waiting or running); past "
         "it, HTTP 504 at once (default: a sixteenth of this node's memory, at least "
         "--max-body-mb)",
     )
     serve.add_argument(
-        "--grace",
-        type=_non_negative_float,
-        default=30.0,
-        help="seconds in-flight cases get to finish on SIGTERM (default 30)",
+        "--grace", type=float, help="seconds in-flight cases get to finish on SIGTERM (default 30)"
     )
     serve.add_argument(
         "--memory-limit-mb",
-        type=_memory_limit,
-        default=1024,
+        type=int,
         help="the memory limit whose guest is warmed up at start (verl's default, 1024)",
     )
     serve.add_argument(
         "--max-memory-mb",
-        type=_max_memory,
-        default=None,
+        type=int,
         help="largest memory_limit_MB a request may ask for; past it, a SandboxError "
         "(default and most: half this node's memory)",
     )
     serve.add_argument(
         "--max-run-timeout",
-        type=_positive_float,
-        default=300.0,
+        type=float,
         help="largest run_timeout a request may ask for, in seconds; past it, a SandboxError "
         "(default 300)",
     )
@@ -238,21 +227,9 @@ def _memory_limit(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB") from None
-    return _within_memory(value)
-
-
-def _max_memory(text: str) -> int:
-    """serve's --max-memory-mb: a cap that may lower the most a case may ask for, not raise it."""
-    return _within_memory(_positive_int(text))
-
-
-def _within_memory(value: int) -> int:
-    most = node.most_case_memory_mb()
-    if value > most:
-        raise argparse.ArgumentTypeError(
-            f"{value} MiB is more than half this node's memory ({most} MiB), the most a case may "
-            "ask for (run_code and serve refuse such a case)"
-        )
+    refusal = memory_limit_refusal(value)
+    if refusal is not None:
+        raise argparse.ArgumentTypeError(refusal)
     return value
 
 
@@ -273,20 +250,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:  # NaN included
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds, 0 or more")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
-    return value
-
-
 def _text(data: bytes, name: str) -> str:
     try:
         return data.decode("utf-8")
@@ -294,7 +257,7 @@ def _text(data: bytes, name: str) -> str:
         raise ValueError(f"{name} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def _how(warmth: warmup.Warmth | None) -> str:
+def _how(warmth: Warmth | None) -> str:
     if warmth is None or warmth.restored is None:
         return ""
     if warmth.restored:
@@ -306,13 +269,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if (
-        args.command == "serve"
-        and (args.max_memory_mb or args.memory_limit_mb) < args.memory_limit_mb
-    ):
-        parser.error(f"--max-memory-mb is below --memory-limit-mb ({args.memory_limit_mb})")
-    if args.command == "serve" and (args.max_bodies_mb or args.max_body_mb) < args.max_body_mb:
-        parser.error(f"--max-bodies-mb is below --max-body-mb ({args.max_body_mb})")
+    if args.command == "serve":
+        try:
+            args.settings = _serve_settings(args)
+        except ValueError as exc:
+            args.usage.error(str(exc))
     try:
         guest = _guest(args)
     except InvalidRequest as exc:
@@ -321,8 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "warm-up":
         assert guest is not None
         try:
-            with _progress(f"seeing {guest.image.label} warm (a pull and a boot if needed)"):
-                warmth = warmup.ensure_ready(hluk.hluk_path(), guest)
+            with progress(f"seeing {guest.image.label} warm (a pull and a boot if needed)"):
+                warmth = gate.ensure_ready(hluk_path(), guest)
         except BackendError as exc:
             print(f"verl-hyperlight: {exc}", file=sys.stderr)
             return 1
@@ -342,7 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
         if is_http(args.url):
-            response, error = _post(args.url, code, stdin, args.timeout, args.memory_limit_mb)
+            from .commands import remote
+
+            response, error = remote.post(args.url, code, stdin, args.timeout, args.memory_limit_mb)
         else:
             response, error = run_code(
                 args.url, code, stdin, 10, args.timeout, args.memory_limit_mb
@@ -378,44 +341,33 @@ def _guest(args: argparse.Namespace) -> Guest | None:
         from .commands import selftest
 
         return guest_for(args.url, selftest.MEMORY_LIMIT_MB)
+    if args.command == "serve":
+        return guest_for(args.url, args.settings.warm_up_memory_mb)
     return guest_for(args.url, args.memory_limit_mb)
 
 
-def _post(
-    url: str, code: str, stdin: str, run_timeout: float, memory_limit_mb: int
-) -> tuple[dict[str, object] | None, str | None]:
-    """Sandbox Fusion's request for one case, POSTed to `url` as verl's client sends it; the
-    response, or what went wrong."""
-    import urllib.error
-    import urllib.request
-
-    body = {
-        "code": code,
-        "stdin": stdin,
-        "language": "python",
-        "compile_timeout": 10,
-        "run_timeout": run_timeout,
-        "memory_limit_MB": memory_limit_mb,
+def _serve_settings(args: argparse.Namespace) -> ServeSettings:
+    """serve's settings: those its command line gives, the rest ServeSettings' defaults;
+    ValueError naming the option it cannot honour."""
+    mib = 1024 * 1024
+    given = {
+        "max_concurrent": args.max_concurrent,
+        "max_queue": args.max_queue,
+        "max_wait": args.max_wait,
+        "max_body_bytes": None if args.max_body_mb is None else args.max_body_mb * mib,
+        "max_bodies_bytes": None if args.max_bodies_mb is None else args.max_bodies_mb * mib,
+        "grace": args.grace,
+        "warm_up_memory_mb": args.memory_limit_mb,
+        "max_memory_mb": args.max_memory_mb,
+        "max_run_timeout": args.max_run_timeout,
     }
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
+    # Options left out keep their defaults; max_queue, max_bodies_bytes and max_memory_mb
+    # default to None, which ServeSettings sizes from the rest.
+    return ServeSettings(
+        url=args.url,
+        token=TOKEN.value(),
+        **{name: value for name, value in given.items() if value is not None},
     )
-    token = TOKEN.value()
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=run_timeout + 120) as reply:
-            answer = json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return None, f"{url} answered HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}"
-    except (OSError, ValueError) as exc:
-        return None, f"cannot ask {url}: {exc}"
-    if not isinstance(answer, dict):
-        return None, f"{url} answered {str(answer)[:200]!r}, not a response"
-    return answer, None
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -427,87 +379,23 @@ def _bench(args: argparse.Namespace) -> int:
     cpus = node.cpus()
     levels = args.concurrency or [2**i for i in range(8) if 2**i <= 2 * cpus]
     try:
-        with _progress(f"warming up {args.url}", None):
+        with progress(f"warming up {args.url}", None):
             bench.check(args.url, args.memory_limit_mb)
     except (InvalidRequest, BackendError) as exc:
         print(f"verl-hyperlight: {exc}", file=sys.stderr)
         return 1
     measured = []
     for level in levels:
-        with _progress(f"concurrency {level}", args.seconds) as tick:
+        with progress(f"concurrency {level}", args.seconds) as tick:
             measured.append(
                 bench.measure(args.url, args.memory_limit_mb, level, args.seconds, tick)
             )
     advice = bench.recommend(measured, args.num_workers)
     if args.json:
-        payload = {
-            "cpus": cpus,
-            "levels": [dataclasses.asdict(level) for level in measured],
-            "recommendation": dataclasses.asdict(advice),
-        }
-        print(json.dumps(payload, indent=2))
-        return 0
-    print(f"{cpus} CPUs; {args.seconds:g} s per level; cases: {', '.join(bench.CASES)}")
-    print("concurrency  cases/s   p50 ms   p99 ms  start-up  failed")
-    for level in measured:
-        print(
-            f"{level.concurrency:>11}{level.per_second:>9.1f}{level.p50_ms:>9.0f}"
-            f"{level.p99_ms:>9.0f}{level.startup_share:>10.0%}{level.failed:>8}"
-        )
-    if advice.num_workers == args.num_workers:
-        split = f"with reward.num_workers={args.num_workers}: "
-        split += f"max_concurrent={advice.max_concurrent}"
+        print(json.dumps(bench.as_json(cpus, measured, advice), indent=2))
     else:
-        split = (
-            f"max_concurrent=1 with reward.num_workers={advice.num_workers} ({args.num_workers} "
-            f"workers would run {args.num_workers} at once)"
-        )
-    print(
-        f"recommended: at most {advice.node_concurrency} at once on this node ({advice.why}); "
-        f"{split}"
-    )
+        print(bench.render(cpus, args.seconds, measured, advice, args.num_workers))
     return 0
-
-
-@contextlib.contextmanager
-def _progress(what: str, seconds: float | None = None) -> Iterator[Callable[[], None]]:
-    """On a terminal (stderr), what is going on and for how long, refreshed as it goes: a bar
-    over `seconds` when the phase is timed, the time so far when it is not. Yields a callable
-    that counts a finished case. Nothing when stderr is not a terminal."""
-    if not sys.stderr.isatty():
-        yield lambda: None
-        return
-    try:
-        from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
-    except ImportError:
-        print(f"{what} ({diagnosis.install('cli')} to see it go)", file=sys.stderr)
-        yield lambda: None
-        return
-    timed = seconds is not None
-    layout = "{desc} {bar} {elapsed} {postfix}" if timed else "{desc} {elapsed} {postfix}"
-    bar = tqdm(total=seconds, desc=what, bar_format=layout, leave=False, file=sys.stderr)
-    cases = [0]
-    started = time.monotonic()
-    stop = threading.Event()
-
-    def refresh() -> None:
-        while not stop.wait(0.25):
-            if timed:
-                bar.n = min(time.monotonic() - started, seconds or 0.0)
-            bar.set_postfix_str(f"{cases[0]} cases" if cases[0] else "", refresh=False)
-            bar.refresh()
-
-    def tick() -> None:
-        cases[0] += 1
-
-    ticker = threading.Thread(target=refresh, daemon=True)
-    ticker.start()
-    try:
-        yield tick
-    finally:
-        stop.set()
-        ticker.join()
-        bar.close()
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -537,7 +425,7 @@ def _selftest(args: argparse.Namespace) -> int:
             print(doctor.render([check]), flush=True)
 
     jobs = args.jobs or selftest.default_jobs()
-    with _progress(f"running the conformance corpus, {jobs} at once"):
+    with progress(f"running the conformance corpus, {jobs} at once"):
         report = selftest.selftest(args.url, jobs, on_check=show)
     if args.json:
         print(json.dumps(selftest.as_json(report), indent=2, ensure_ascii=False))
@@ -550,7 +438,7 @@ def _selftest(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        from .server import app as serve
+        from .server import app
     except ImportError as exc:
         print(
             f"verl-hyperlight: serve needs its extra ({exc.name} is missing): "
@@ -562,19 +450,5 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    defaults = serve.Settings()
-    settings = serve.Settings(
-        url=args.url,
-        max_concurrent=args.max_concurrent or defaults.max_concurrent,
-        max_queue=args.max_queue,
-        max_wait=args.max_wait,
-        max_body_bytes=args.max_body_mb * 1024 * 1024,
-        max_bodies_bytes=None if args.max_bodies_mb is None else args.max_bodies_mb * 1024 * 1024,
-        grace=args.grace,
-        warm_up_memory_mb=args.memory_limit_mb,
-        max_memory_mb=args.max_memory_mb,
-        max_run_timeout=args.max_run_timeout,
-        token=TOKEN.value(),
-    )
-    serve.serve(settings, args.host, args.port)
+    app.serve(args.settings, args.host, args.port)
     return 0

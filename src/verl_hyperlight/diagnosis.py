@@ -1,7 +1,8 @@
 """Backend failures diagnosed: what a run that did not end by the solution's doing stands
 for, what the host lacks when a case cannot be run at all, and what an operator can do about
-either. The one place that names, in a failure's message, the settings and commands of verl
-and of this package that fix it: the caller says what happened, this module what it means.
+either. The one place that names the settings and commands of verl and of this package that
+fix a failure: the caller says what happened, this module what it means, as a `Diagnosis`
+(what, fix, what becomes of the cases) that doctor, the logs and the responses render.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import BackendError
+from .errors import BackendError, Diagnosis
 from .outcome import Ending, RawOutcome
 from .settings import CASE_DIR, HLUK_PATH, SPAWN, STARTUP_TIMEOUT, WARM_UP_TIMEOUT
 
@@ -21,6 +22,21 @@ INSTALL_COMMAND = (
     "install.sh | sh"
 )
 INSTALL_HINT = f"install it ({INSTALL_COMMAND}) or set HLUK_PATH"
+# What doctor says where a failure has no fix of its own.
+SEE_WARM_UP = "see the message; `verl-hyperlight warm-up` says more"
+# What becomes of a case that failed for want of what comes free again.
+ONE_OFF = "this case is answered SandboxError, later cases run"
+
+
+def _failed(
+    what: str, fix: str, cause: str, *, persistent: bool = True, after: str = ""
+) -> BackendError:
+    return BackendError(Diagnosis(what, fix, cause, persistent, after))
+
+
+def join_kvm_group(group: str = "kvm", user: str = "$USER") -> str:
+    """The fix for a /dev/kvm its user cannot open: join its group."""
+    return f"sudo usermod -aG {group} {user}, then log in again"
 
 
 def install(extra: str | None = None, *, again: bool = False) -> str:
@@ -41,7 +57,7 @@ OUT_OF_PROCESSES = frozenset((errno.EAGAIN, errno.ENOMEM))
 
 def not_on_path() -> BackendError:
     """No HLUK_PATH, and no hluk on PATH."""
-    return BackendError(f"hluk was not found on PATH: {INSTALL_HINT}", "hluk-missing")
+    return _failed("hluk was not found on PATH", INSTALL_HINT, "hluk-missing")
 
 
 def cannot_start(path: str, why: str, number: int = 0) -> BackendError:
@@ -50,62 +66,61 @@ def cannot_start(path: str, why: str, number: int = 0) -> BackendError:
     if number in OUT_OF_DESCRIPTORS:
         return out_of_descriptors(f"hluk at {path} could not start", why)
     if number in OUT_OF_PROCESSES:
-        return BackendError(
-            f"hluk at {path} could not start: the node is short of memory or of processes "
-            f"({why}): lower max_concurrent or reward.num_workers, or raise the pids.max of the "
-            "workers' container; this case is answered SandboxError, later cases run once some "
-            "are free",
+        return _failed(
+            f"hluk at {path} could not start: the node is short of memory or of processes ({why})",
+            "lower max_concurrent or reward.num_workers, or raise the pids.max of the workers' "
+            "container",
             "out-of-processes",
             persistent=False,
+            after=f"{ONE_OFF} once some are free",
         )
     problem = hluk_file_problem(path)
     if problem is not None:
-        what, fix, cause = problem
-        return BackendError(f"{what}: {fix}", cause)
-    return BackendError(f"hluk at {path} could not start: {why}", "hluk-broken")
+        return BackendError(problem)
+    return _failed(f"hluk at {path} could not start: {why}", "", "hluk-broken")
 
 
-def hluk_file_problem(path: str) -> tuple[str, str, str] | None:
+def hluk_file_problem(path: str) -> Diagnosis | None:
     """What is wrong with the file at `path` as hluk (missing, a directory, not executable),
-    the fix, and its cause; None when it looks runnable. The fix fits where `path` came from:
-    HLUK_PATH, set, or the hluk on PATH."""
+    and its fix; None when it looks runnable. The fix fits where `path` came from: HLUK_PATH,
+    set, or the hluk on PATH."""
     chosen = HLUK_PATH.value() is not None
     where = f"{path} (where HLUK_PATH points)" if chosen else path
     if not os.path.exists(path):
         if not chosen:
-            return f"hluk was not found at {path}", INSTALL_HINT, "hluk-missing"
+            return Diagnosis(f"hluk was not found at {path}", INSTALL_HINT, "hluk-missing")
         fix = (
             f"point HLUK_PATH at hluk, or unset it to use the hluk on PATH; to install hluk: "
             f"{INSTALL_COMMAND}"
         )
-        return f"hluk was not found at {where}", fix, "hluk-missing"
+        return Diagnosis(f"hluk was not found at {where}", fix, "hluk-missing")
     if os.path.isdir(path):
         fix = "point HLUK_PATH at the hluk executable itself, not its directory"
-        return f"{where} is a directory, not hluk", fix, "hluk-not-executable"
+        return Diagnosis(f"{where} is a directory, not hluk", fix, "hluk-not-executable")
     if not os.access(path, os.X_OK):
         fix = f"chmod +x {path}" + (", or point HLUK_PATH at hluk itself" if chosen else "")
-        return f"hluk at {where} is not executable", fix, "hluk-not-executable"
+        return Diagnosis(f"hluk at {where} is not executable", fix, "hluk-not-executable")
     return None
 
 
 def out_of_descriptors(what: str, why: str) -> BackendError:
     """`what` happened for want of a free file descriptor (`why`: EMFILE, this worker's
     limit, or ENFILE, the node's)."""
-    return BackendError(
+    return _failed(
         f"{what}: no file descriptor is free ({why}); a case holds three while it runs (a "
-        "notebook four): raise the worker's soft limit (ulimit -n, or LimitNOFILE= of its "
-        "service; `verl-hyperlight serve` raises its own to the hard limit) or lower "
-        "max_concurrent; this case is answered SandboxError, later cases run once descriptors "
-        "are free",
+        "notebook four)",
+        "raise the worker's soft limit (ulimit -n, or LimitNOFILE= of its service; "
+        "`verl-hyperlight serve` raises its own to the hard limit) or lower max_concurrent",
         "out-of-descriptors",
         persistent=False,
+        after=f"{ONE_OFF} once descriptors are free",
     )
 
 
 def version_unanswered(path: str, seconds: float) -> BackendError:
     """`hluk --version` ran past `seconds`."""
-    return BackendError(
-        f"hluk at {path} did not answer --version within {seconds:.0f} s", "hluk-broken"
+    return _failed(
+        f"hluk at {path} did not answer --version within {seconds:.0f} s", "", "hluk-broken"
     )
 
 
@@ -115,21 +130,21 @@ def version_failed(path: str, said: str, printed: bool) -> BackendError:
     lines = said.strip().splitlines()
     first = lines[0][:200] if lines else ""
     if printed:
-        return BackendError(
-            f"{path} is not hluk: its --version printed no hluk version ({first!r}); "
+        return _failed(
+            f"{path} is not hluk: its --version printed no hluk version ({first!r})",
             "point HLUK_PATH at hluk",
             "hluk-broken",
         )
-    return BackendError(f"hluk at {path} failed on --version: {first}", "hluk-broken")
+    return _failed(f"hluk at {path} failed on --version: {first}", "", "hluk-broken")
 
 
 def too_old(path: str, written: str, prerelease: bool, minimum: Sequence[int]) -> BackendError:
     """hluk's version, as `written`, is older than `minimum` (or a pre-release of it)."""
     kind = "a pre-release" if prerelease else "version"
     needed = ".".join(map(str, minimum))
-    return BackendError(
-        f"hluk at {path} is {kind} {written}; verl-hyperlight needs {needed} or later: "
-        "upgrade it by running its installer again",
+    return _failed(
+        f"hluk at {path} is {kind} {written}; verl-hyperlight needs {needed} or later",
+        f"upgrade it to {needed} or later by running its installer again ({INSTALL_COMMAND})",
         "hluk-too-old",
     )
 
@@ -138,18 +153,18 @@ def failure(outcome: RawOutcome, path: str) -> BackendError:
     """The backend failure a run that did not end by the solution's doing stands for."""
     where = "while the solution ran" if outcome.started else "before the solution started"
     if outcome.ending is Ending.STARTUP_TIMEOUT:
-        return BackendError(
+        return _failed(
             f"the micro-VM did not start within {outcome.limit:.0f} s "
-            f"({STARTUP_TIMEOUT.name}); the node may be overloaded: lower "
-            "max_concurrent or reward.num_workers",
+            f"({STARTUP_TIMEOUT.name}); the node may be overloaded",
+            "lower max_concurrent or reward.num_workers",
             "startup-timeout",
             persistent=False,
         )
     if outcome.ending is Ending.SPAWNER_DIED:
-        return BackendError(
-            f"the spawner of hluk processes died {where}, and its hluk with it: check `dmesg` "
-            "for the OOM killer or for who killed it (the next case starts another spawner; "
-            f"{SPAWN.name}=setpriv starts hluk without one)",
+        return _failed(
+            f"the spawner of hluk processes died {where}, and its hluk with it",
+            "check `dmesg` for the OOM killer or for who killed it (the next case starts "
+            f"another spawner; {SPAWN.name}=setpriv starts hluk without one)",
             "spawner-died",
             persistent=False,
         )
@@ -160,28 +175,29 @@ def failure(outcome: RawOutcome, path: str) -> BackendError:
             name = signal.Signals(number).name
         except ValueError:
             name = f"signal {number}"
-        return BackendError(
-            f"hluk at {path} was killed by {name} ({number}) {where}: a SIGBUS or SIGSEGV "
-            "often means a truncated or corrupt warm snapshot (run `hluk cache clean "
-            "--snapshots`, then `verl-hyperlight warm-up`); a SIGKILL, the kernel's OOM killer "
-            "(check `dmesg`; lower max_concurrent or memory_limit_mb)",
+        return _failed(
+            f"hluk at {path} was killed by {name} ({number}) {where}",
+            "a SIGBUS or SIGSEGV often means a truncated or corrupt warm snapshot (run `hluk "
+            "cache clean --snapshots`, then `verl-hyperlight warm-up`); a SIGKILL, the "
+            "kernel's OOM killer (check `dmesg`; lower max_concurrent or memory_limit_mb)",
             f"killed-{name}",
             persistent=False,
         )
     if outcome.ending is Ending.SHORT_OUTPUT:
-        return BackendError(
+        return _failed(
             f"the micro-VM's report of the solution's output came short ({_shortfalls(outcome)}):"
-            " hluk's console lost part of it, so the output cannot be trusted; this case is "
-            "answered SandboxError, later cases run; if it recurs, run `verl-hyperlight "
-            "selftest` and report it to hyperlight-unikraft with hluk's version",
+            " hluk's console lost part of it, so the output cannot be trusted",
+            "if it recurs, run `verl-hyperlight selftest` and report it to hyperlight-unikraft "
+            "with hluk's version",
             "short-output",
             persistent=False,
+            after=ONE_OFF,
         )
     if outcome.ending is Ending.COPY_OUT_TIMEOUT:
         assert outcome.end is not None
-        return BackendError(
+        return _failed(
             f"the micro-VM did not copy the solution's output ({outcome.end.copied} bytes) "
-            f"out within {outcome.limit:.0f} s after it ended; the node may be overloaded: "
+            f"out within {outcome.limit:.0f} s after it ended; the node may be overloaded",
             "lower max_concurrent or reward.num_workers",
             "copy-out-timeout",
             persistent=False,
@@ -214,43 +230,45 @@ def classify(message: str, status: int | None, path: str, persistent: bool) -> B
     message = message.strip()
     lowered = message.lower()
     if "kvm" in lowered:
-        return BackendError(
-            f"hluk cannot use /dev/kvm ({message[:300]}): run the reward workers where KVM is "
-            "available and add their user to the kvm group (usermod -aG kvm $USER, then log in "
-            "again)",
+        return _failed(
+            f"hluk cannot use /dev/kvm ({message[:300]})",
+            "run the reward workers where KVM is available and add their user to the kvm group "
+            f"({join_kvm_group()})",
             "kvm",
         )
     if "read-only file system" in lowered:
-        return BackendError(
-            f"hluk cannot write its cache ({message[:300]}): a cache mounted read-only serves "
-            "only the guests whose warm snapshots it holds; run `verl-hyperlight warm-up` with "
-            "each sandbox URL and --memory-limit-mb the cases use where it is writable, or point "
-            "HLUK_CACHE_DIR at a writable directory",
+        return _failed(
+            f"hluk cannot write its cache ({message[:300]})",
+            "a cache mounted read-only serves only the guests whose warm snapshots it holds; "
+            "run `verl-hyperlight warm-up` with each sandbox URL and --memory-limit-mb the cases "
+            "use where it is writable, or point HLUK_CACHE_DIR at a writable directory",
             "cache-read-only",
         )
     if "no runtime image called" in lowered or "manifest unknown" in lowered:
-        return BackendError(
-            f"hluk does not know the image ({message[:300]}): check the sandbox URL; "
-            "hyperlight:// and hyperlight://agent name the published images",
+        return _failed(
+            f"hluk does not know the image ({message[:300]})",
+            "check the sandbox URL; hyperlight:// and hyperlight://agent name the published images",
             "unknown-image",
         )
     if "pull" in lowered or "registry" in lowered:
-        return BackendError(
-            f"hluk could not pull the image ({message[:300]}): check that this node reaches the "
-            "image registry, or pull once by hand with `verl-hyperlight warm-up`",
+        return _failed(
+            f"hluk could not pull the image ({message[:300]})",
+            "check that this node reaches the image registry, or pull once by hand with "
+            "`verl-hyperlight warm-up`",
             "image-pull",
         )
     if "snapshot" in lowered:
-        return BackendError(
-            f"hluk could not take or restore a snapshot ({message[:300]}): check free space "
-            "and permissions in hluk's cache (HLUK_CACHE_DIR, else ~/.cache/hluk)",
+        return _failed(
+            f"hluk could not take or restore a snapshot ({message[:300]})",
+            "check free space and permissions in hluk's cache (HLUK_CACHE_DIR, else ~/.cache/hluk)",
             "snapshot",
         )
     # What is left is hluk itself failing (a crash, an unexpected message): say where to look.
-    return BackendError(
-        f"hluk at {path} failed (status {status}): {message[:500] or 'no message'}; check that "
-        "`verl-hyperlight warm-up` succeeds on this node, upgrade hluk if it keeps failing, and "
-        "report the message to hyperlight-unikraft",
+    said = f"its message: {message[:500]}" if message else "no message"
+    return _failed(
+        f"hluk at {path} failed (status {status}, {said})",
+        "check that `verl-hyperlight warm-up` succeeds on this node, upgrade hluk if it keeps "
+        "failing, and report the message to hyperlight-unikraft",
         "hluk-failed",
         persistent=persistent,
     )
@@ -269,11 +287,11 @@ def spawner_died(pid: int, status: int) -> str:
 
 def warm_up_stalled(label: str, seconds: float) -> BackendError:
     """A warm-up of `label` in which hluk wrote nothing for `seconds`, outside a pull."""
-    return BackendError(
+    return _failed(
         f"hluk wrote nothing for {seconds:.0f} s while warming up {label}, before its guest "
         "started and outside an image pull: it is hung (a boot slower than that needs a larger "
-        f"{STARTUP_TIMEOUT.name}); run `verl-hyperlight warm-up` to see what hluk says, and "
-        "check the node's load",
+        f"{STARTUP_TIMEOUT.name})",
+        "run `verl-hyperlight warm-up` to see what hluk says, and check the node's load",
         "warm-up-stalled",
         persistent=False,
     )
@@ -281,9 +299,9 @@ def warm_up_stalled(label: str, seconds: float) -> BackendError:
 
 def warm_up_timeout(label: str, seconds: float) -> BackendError:
     """A warm-up of `label` that made progress, but ran past its deadline of `seconds`."""
-    return BackendError(
-        f"warming up {label} took more than {seconds:.0f} s ({WARM_UP_TIMEOUT.name}): check the "
-        "node's network to the image registry and hluk's cache",
+    return _failed(
+        f"warming up {label} took more than {seconds:.0f} s ({WARM_UP_TIMEOUT.name})",
+        "check the node's network to the image registry and hluk's cache",
         "warm-up-timeout",
     )
 
@@ -300,13 +318,13 @@ def spawner_unanswered(pid: int, seconds: float) -> str:
 
 # The host's own: the directories a case's files and hluk's cache need, and pytest.
 
+CACHE_FIX = "point HLUK_CACHE_DIR at a writable directory with a few GiB free"
+
 
 def cache_unusable(directory: Path, exc: OSError) -> BackendError:
     """hluk's cache `directory` cannot hold the warm-up's lock: `exc`."""
-    return BackendError(
-        f"hluk's cache directory {directory} is not usable ({exc}): point HLUK_CACHE_DIR "
-        "at a writable directory with a few GiB free",
-        "cache-dir",
+    return _failed(
+        f"hluk's cache directory {directory} is not usable ({exc})", CACHE_FIX, "cache-dir"
     )
 
 
@@ -319,15 +337,15 @@ def case_directory_unusable(
         return out_of_descriptors(f"a case directory could not be made in {root}", str(exc))
     where = CASE_DIR.name if chosen else f"{CASE_DIR.name} (else TMPDIR)"
     if full:
-        return BackendError(
-            f"no room for a case's files ({size:,} bytes) in {root} ({exc.strerror}): "
+        return _failed(
+            f"no room for a case's files ({size:,} bytes) in {root} ({exc.strerror})",
             f"free space there, or point {where} at a directory with room for max_concurrent "
             "cases' stdin and files",
             "case-directory-full",
         )
-    return BackendError(
-        f"cannot make a case directory in {root} ({exc.strerror}): point {where} at a "
-        "writable directory",
+    return _failed(
+        f"cannot make a case directory in {root} ({exc.strerror})",
+        f"point {where} at a writable directory",
         "case-directory",
     )
 
@@ -357,19 +375,21 @@ def no_cleaner(exc: OSError, tmpfs: str, elsewhere: str) -> str:
     )
 
 
-def pytest_missing(what: str) -> str:
+def pytest_missing(what: str) -> Diagnosis:
     """Why a `language: "pytest"` case cannot run: `what` of pytest this node lacks."""
-    return (
-        f"language 'pytest' needs pytest on this node ({what}): {install('pytest')}, in the "
-        "environment verl-hyperlight runs in"
+    return Diagnosis(
+        f"language 'pytest' needs pytest on this node ({what})",
+        f"{install('pytest')}, in the environment verl-hyperlight runs in",
+        "pytest-missing",
     )
 
 
 def pytest_library_unmountable(target: str) -> BackendError:
     """pytest's copy for the guest would be at `target`, which hluk cannot mount."""
-    return BackendError(
+    return _failed(
         f"cannot give pytest to the guest from {target}: hluk's mounts cannot name a path "
-        "holding ':'; point HLUK_CACHE_DIR elsewhere",
+        "holding ':'",
+        "point HLUK_CACHE_DIR elsewhere",
         "pytest-library",
     )
 
@@ -389,11 +409,12 @@ def pytest_library_unwritable(
             "point HLUK_CACHE_DIR at a writable directory (a cache mounted read-only needs "
             "the copy made beforehand, by a pytest case run where it is writable)"
         )
-    return BackendError(
-        f"cannot copy pytest for the guest into {target} ({exc.strerror or exc}): {fix}; "
-        f"pytest cases are answered so at once until the copy is tried again, "
-        f"{retry_seconds:.0f} s later",
+    return _failed(
+        f"cannot copy pytest for the guest into {target} ({exc.strerror or exc})",
+        fix,
         "pytest-library",
+        after=f"pytest cases are answered so at once until the copy is tried again, "
+        f"{retry_seconds:.0f} s later",
     )
 
 
@@ -423,8 +444,8 @@ def notebooks_full(max_sessions: int) -> str:
 
 def ray_missing(why: str) -> BackendError:
     """A ?ray URL in a process that cannot import Ray."""
-    return BackendError(
-        f"the sandbox URL asks for Ray (?ray) and Ray cannot be imported here ({why}): "
+    return _failed(
+        f"the sandbox URL asks for Ray (?ray) and Ray cannot be imported here ({why})",
         f"{install('ray')}, in the reward workers' environment, or drop ?ray to run cases on "
         "this node",
         "ray-missing",
@@ -433,43 +454,45 @@ def ray_missing(why: str) -> BackendError:
 
 def ray_unreachable(why: str) -> BackendError:
     """Ray not initialised in this process, and no cluster to connect to."""
-    return BackendError(
-        f"the sandbox URL asks for Ray (?ray) and no Ray cluster can be reached ({why}): run "
-        "the reward workers inside the cluster (verl initialises Ray in them), set RAY_ADDRESS "
-        "to the cluster's address, or start one with `ray start --head`",
+    return _failed(
+        f"the sandbox URL asks for Ray (?ray) and no Ray cluster can be reached ({why})",
+        "run the reward workers inside the cluster (verl initialises Ray in them), set "
+        "RAY_ADDRESS to the cluster's address, or start one with `ray start --head`",
         "ray-unreachable",
     )
 
 
 def ray_resource_offered_by_none(resource: str, seconds: float) -> BackendError:
     """No alive node of the cluster offers the resource the URL names."""
-    return BackendError(
+    return _failed(
         f"no alive node of the Ray cluster offers the resource {resource!r} (waited "
-        f"{seconds:.0f} s, {STARTUP_TIMEOUT.name}): start the nodes that have /dev/kvm and hluk "
-        f"with `ray start --address=HEAD:6379 --resources='{{\"{resource}\": N}}'`, N being "
-        "the micro-VMs each runs at once (KubeRay: rayStartParams resources of their worker "
-        f"group), or name the resource they offer with ?ray=NAME; cases fail at once while "
-        "none does, and run again as soon as a node offers it",
+        f"{seconds:.0f} s, {STARTUP_TIMEOUT.name})",
+        f"start the nodes that have /dev/kvm and hluk with `ray start --address=HEAD:6379 "
+        f"--resources='{{\"{resource}\": N}}'`, N being the micro-VMs each runs at once "
+        "(KubeRay: rayStartParams resources of their worker group), or name the resource they "
+        "offer with ?ray=NAME",
         f"ray-no-{resource}",
+        after="cases fail at once while none does, and run again as soon as a node offers it",
     )
 
 
 def ray_node_lost(error: BaseException) -> BackendError:
     """A case's node (or its Ray worker) died after its case had started."""
-    return BackendError(
+    return _failed(
         f"the Ray node running this case died, or its worker was killed, after the case had "
-        f"started ({type(error).__name__}: {str(error).strip().splitlines()[0][:300]}); "
-        "cases that had not started run on another node; see `ray status` for the node",
+        f"started ({type(error).__name__}: {str(error).strip().splitlines()[0][:300]})",
+        "see `ray status` for the node",
         "ray-node-lost",
         persistent=False,
+        after="cases that had not started run on another node",
     )
 
 
 def ray_failed(error: BaseException) -> BackendError:
     """Ray failed a case for a reason other than its node's death."""
-    return BackendError(
+    return _failed(
         f"Ray failed this case ({type(error).__name__}: "
-        f"{str(error).strip().splitlines()[0][:300] if str(error).strip() else ''}); "
+        f"{str(error).strip().splitlines()[0][:300] if str(error).strip() else ''})",
         "see the Ray dashboard or `ray status`",
         f"ray-{type(error).__name__}",
         persistent=False,

@@ -1,7 +1,9 @@
-"""The package's exceptions. None of them reaches verl: run_code turns each into a value."""
+"""The package's exceptions, and what a backend failure is (`Diagnosis`). None of them reaches
+verl: run_code turns each into a value."""
 
 import math
 import threading
+from dataclasses import dataclass, replace
 
 # What a backend failure that lasts costs a training run, said where an operator reads it.
 ZEROES_REWARDS = "every code reward is zero while this lasts"
@@ -57,24 +59,51 @@ class Cancelled(HyperlightError):
     node's warm-up lock): nothing of it ran, and the caller says what that means for it."""
 
 
+@dataclass(frozen=True)
+class Diagnosis:
+    """A backend failure, diagnosed (``diagnosis`` makes them): what went wrong, what fixes it,
+    and what becomes of the cases meanwhile, kept apart, so that doctor, the logs and the
+    responses each render them and nothing parses them back. `cause` names the kind of failure
+    (failures are logged once per cause); `persistent` says whether it fails every case until
+    an operator acts (no /dev/kvm, no hluk, an unknown image) or only the case at hand (a
+    crash, a start-up that took too long). Said as one line: ``what: fix; after (note)``."""
+
+    what: str
+    fix: str
+    cause: str
+    persistent: bool = True
+    after: str = ""  # what becomes of this case and of later ones, when it is not the usual
+    note: str = ""  # how this answer came (answered at once, by an open gate)
+
+    def __str__(self) -> str:
+        text = f"{self.what}: {self.fix}" if self.fix else self.what
+        if self.after:
+            text = f"{text}; {self.after}"
+        return f"{text} ({self.note})" if self.note else text
+
+
 class BackendError(HyperlightError):
-    """hluk or the micro-VM failed; the message says what an operator should do.
+    """hluk or the micro-VM failed: its `diagnosis` says what, and what an operator should do."""
 
-    `cause` names the kind of failure (failures are logged once per cause); `persistent` says
-    whether it fails every case until an operator acts (no /dev/kvm, no hluk, an unknown
-    image) or only the case at hand (a crash, a start-up that took too long)."""
-
-    def __init__(self, message: str, cause: str, *, persistent: bool = True) -> None:
-        super().__init__(message)
-        self.cause = cause
-        self.persistent = persistent
+    def __init__(self, diagnosis: Diagnosis) -> None:
+        super().__init__(str(diagnosis))
+        self.diagnosis = diagnosis
         self.announced = False  # logged where it arose (a guest's gate opening): count it only
+
+    @property
+    def cause(self) -> str:
+        return self.diagnosis.cause
+
+    @property
+    def persistent(self) -> bool:
+        return self.diagnosis.persistent
 
 
 class FailingFast(BackendError):
-    """A case answered at once, with the `cause` of the failure that opened its guest's gate
-    (see case.warmup.Gate): hluk keeps failing to start the guest. The gate logged its opening."""
+    """A case answered at once, with the diagnosis of the failure that opened its guest's gate
+    (see case.gate.Gate) and a `note` saying so: hluk keeps failing to start the guest. The gate
+    logged its opening."""
 
-    def __init__(self, message: str, cause: str) -> None:
-        super().__init__(message, cause)
+    def __init__(self, diagnosis: Diagnosis, note: str) -> None:
+        super().__init__(replace(diagnosis, note=note))
         self.announced = True

@@ -1,6 +1,6 @@
 """What one hluk run produced, and whose its ending is: the solution's, or the backend's.
 
-``hluk.process`` decides the Ending of a run, once; ``verdict`` says whose it is, which is all
+``hluk.watch`` decides the Ending of a run, once; ``verdict`` says whose it is, which is all
 that the case path, the guest's gate and the response need to know of it.
 """
 

@@ -21,9 +21,10 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from . import node
 from .errors import CauseCounts
 
 logger = logging.getLogger("verl_hyperlight")
@@ -324,6 +325,103 @@ PASSED: tuple[Passed, ...] = (
 )
 
 
+MIB = 1024 * 1024
+
+
+def memory_limit_refusal(memory_limit_mb: int) -> str | None:
+    """Why a command's --memory-limit-mb (verl's memory_limit_mb) cannot be run on this node,
+    if it cannot: past the most a case may ask for (node.most_case_memory_mb)."""
+    most = node.most_case_memory_mb()
+    if memory_limit_mb > most:
+        return (
+            f"{memory_limit_mb} MiB is more than half this node's memory ({most} MiB), the most "
+            "a case may ask for (run_code and serve refuse such a case)"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """How `verl-hyperlight serve` runs (see its --help), validated here, once, whoever makes
+    them (the command line, or a caller of ``server.app.serve``): a value the server cannot
+    honour is a ValueError naming the command's option."""
+
+    url: str = "hyperlight://"
+    max_concurrent: int = field(default_factory=node.cpus)
+    max_queue: int | None = None  # None: 8 x max_concurrent
+    max_wait: float = 5.0
+    max_body_bytes: int = 64 * MIB
+    max_bodies_bytes: int | None = None  # None: node.bodies_memory_bytes, at least one body
+    grace: float = 30.0
+    warm_up_memory_mb: int = 1024
+    max_memory_mb: int | None = None  # None: half the node's memory, at least warm_up_memory_mb
+    max_run_timeout: float = 300.0
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        for option, value in (
+            ("--max-concurrent", self.max_concurrent),
+            ("--max-queue", self.max_queue),
+            ("--max-body-mb", self.max_body_bytes),
+            ("--max-bodies-mb", self.max_bodies_bytes),
+            ("--max-memory-mb", self.max_memory_mb),
+        ):
+            if value is not None and value < 1:
+                raise ValueError(
+                    f"argument {option}: {_said(value, option)} is not a positive number"
+                )
+        for option, seconds in (("--max-wait", self.max_wait), ("--grace", self.grace)):
+            if not seconds >= 0:  # NaN included
+                raise ValueError(
+                    f"argument {option}: {seconds:g} is not a number of seconds, 0 or more"
+                )
+        if not self.max_run_timeout > 0:
+            raise ValueError(
+                f"argument --max-run-timeout: {self.max_run_timeout:g} is not a positive number "
+                "of seconds"
+            )
+        for option, memory in (
+            ("--memory-limit-mb", self.warm_up_memory_mb),
+            ("--max-memory-mb", self.max_memory_mb),
+        ):
+            refusal = None if memory is None else memory_limit_refusal(memory)
+            if refusal is not None:
+                raise ValueError(f"argument {option}: {refusal}")
+        if self.memory_cap < self.warm_up_memory_mb:
+            raise ValueError(
+                f"--max-memory-mb is below --memory-limit-mb ({self.warm_up_memory_mb})"
+            )
+        if self.bodies_budget < self.max_body_bytes:
+            raise ValueError(
+                f"--max-bodies-mb is below --max-body-mb ({self.max_body_bytes // MIB})"
+            )
+
+    @property
+    def queue_limit(self) -> int:
+        return self.max_queue if self.max_queue is not None else 8 * self.max_concurrent
+
+    @property
+    def bodies_budget(self) -> int:
+        """The bytes of request bodies the server holds at most, in all."""
+        if self.max_bodies_bytes is not None:
+            return self.max_bodies_bytes
+        # A body is held once, as the request it holds (its code, stdin and files), from its
+        # read until its case has ended.
+        return max(node.bodies_memory_bytes(), self.max_body_bytes)
+
+    @property
+    def memory_cap(self) -> int:
+        """The largest memory_limit_MB a request may ask for."""
+        if self.max_memory_mb is not None:
+            return self.max_memory_mb
+        return max(node.most_case_memory_mb(), self.warm_up_memory_mb)
+
+
+def _said(value: int, option: str) -> str:
+    """An option's value as it was given on the command line (MiB for the body sizes)."""
+    return str(value // MIB) if option in ("--max-body-mb", "--max-bodies-mb") else str(value)
+
+
 def reference() -> str:
     """The reference page of every setting (docs/reference/settings.md is this text, which a
     test checks): `python -m verl_hyperlight.settings` prints it."""
@@ -360,7 +458,7 @@ def reference() -> str:
 
 def hluk_cache_directory() -> str:
     """hluk's cache directory, as hluk finds it, made absolute."""
-    # A string, not a Path: every case looks at the cache (warmup's cache state), and path
+    # A string, not a Path: every case looks at the cache (case.snapshots), and path
     # objects cost more than the stat calls do.
     chosen = HLUK_CACHE_DIR.value()
     if chosen is None:

@@ -16,13 +16,14 @@ import threading
 from typing import Any
 
 from .. import diagnosis, settings
-from ..case import api, cluster
+from ..case import api, cluster, gate
 from ..case.guests import Guest, guest_for, notebook_code
-from ..case.response import Response
+from ..case.response import Response, response_for
 from ..case.url import parse_url
 from ..errors import InvalidRequest
 from ..guest import protocol
-from ..hluk import process as hluk
+from ..hluk.binary import hluk_path
+from ..hluk.notebook import NotebookProcess
 from ..outcome import Ending, RawOutcome, Verdict
 
 # Why a call its caller cancelled while its notebook started is answered SandboxError.
@@ -35,7 +36,7 @@ class Notebook:
     def __init__(self, url: str, memory_limit_mb: int | None) -> None:
         # A bad URL or memory limit is the config's error, raised here as run_code's is.
         self.guest: Guest = guest_for(url, memory_limit_mb)
-        self.process: hluk.NotebookProcess | None = None
+        self.process: NotebookProcess | None = None
         self.calls = 0  # calls run by its current micro-VM
         self.generation = 0  # micro-VMs started
 
@@ -49,11 +50,12 @@ class Notebook:
         """Run `code` in the notebook (started first if it is not up), answered as run_code
         answers: ``(response, None)``, a backend failure a SandboxError response, or
         ``(None, error)`` for code that cannot be run as given. Never raises."""
-        return api.response_or_error(lambda: self._run(code, run_timeout, cancel))
+        return api.response_or_error(lambda: self.answer(code, run_timeout, cancel))
 
-    def _run(self, code: str, run_timeout: float, cancel: threading.Event | None) -> Response:
+    def answer(self, code: str, run_timeout: float, cancel: threading.Event | None) -> Response:
+        """`run`'s response, raising what `run` answers as values (as ``api.answer``)."""
         data = api.encode_text("code", code, api.MAX_CODE_BYTES)
-        path = hluk.hluk_path()
+        path = hluk_path()
         if not self.alive:
             self._start(path, cancel)
         assert self.process is not None
@@ -72,23 +74,23 @@ class Notebook:
             assert self.process is not None
             outcome = self.process.call(nonce, request, run_timeout, cancel)
         self.calls += 1
-        return api.response_for(outcome, path, run_timeout)
+        return response_for(outcome, path, run_timeout)
 
     def _start(self, path: str, cancel: threading.Event | None) -> None:
         startup_timeout = settings.STARTUP_TIMEOUT.value()
-        started: list[hluk.NotebookProcess] = []
+        started: list[NotebookProcess] = []
 
-        def ready(argv: list[str], nonce: str) -> RawOutcome:
-            process = hluk.NotebookProcess(argv)
-            outcome = process.ready(nonce, startup_timeout, cancel)
+        def start(argv: list[str], nonce: str) -> RawOutcome:
+            process = NotebookProcess(argv)
+            outcome = process.await_up(nonce, startup_timeout, cancel)
             if outcome.ending is Ending.FINISHED and process.alive:
                 started.append(process)
             return outcome
 
-        outcome = api.run_through_gate(
+        outcome = gate.run_through_gate(
             path,
             self.guest,
-            lambda gate: api.fresh_run(path, self.guest, notebook_code, ready),
+            lambda _: gate.fresh_run(path, self.guest, notebook_code, start),
             startup_timeout,
             START_CANCELLED,
             cancel=cancel,

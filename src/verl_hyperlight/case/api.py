@@ -10,29 +10,26 @@ from __future__ import annotations
 import base64
 import logging
 import math
-import secrets
 import threading
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
-from .. import diagnosis, settings
-from ..errors import (
-    ZEROES_REWARDS,
-    BackendError,
-    Cancelled,
-    CauseCounts,
-    InvalidRequest,
-    Refused,
-    worth_logging,
-)
+from .. import settings
+from ..errors import BackendError, CauseCounts, InvalidRequest, Refused
 from ..guest import protocol
-from ..hluk import process as hluk
-from ..outcome import RawOutcome, Verdict
-from . import casedir, cluster, pytest_library, warmup
-from .guests import CASE_MOUNT, Guest, guest_for, hluk_argv, workload_code
-from .response import Response, from_outcome, sandbox_error, time_limit_exceeded
+from ..hluk import watch
+from ..hluk.binary import hluk_path
+from ..outcome import RawOutcome
+from . import casedir, cluster, failures, gate, pytest_library, ready
+from .guests import CASE_MOUNT, Guest, guest_for, workload_code
+from .response import (
+    CASE_CANCELLED,
+    Response,
+    response_for,
+    sandbox_error,
+    time_limit_exceeded,
+)
 from .url import parse_url
 
 logger = logging.getLogger("verl_hyperlight")
@@ -42,8 +39,6 @@ MAX_STDIN_BYTES = 256 * 1024 * 1024
 DEFAULT_RUN_TIMEOUT = 10.0
 MAX_PATH_LENGTH = 4096
 MIB = 1024 * 1024
-# Why a case its caller cancelled is answered SandboxError.
-CASE_CANCELLED = "the case was cancelled before it ended"
 # A request file whose name holds this is skipped, as the service skips it.
 IGNORED_FILE = "IGNORE_THIS_FILE"
 # Sandbox Fusion's languages: a request for one of these is valid, but only Python runs here.
@@ -95,45 +90,6 @@ class Case:
     fetch: tuple[str, ...] = ()  # to return once it has ended
 
 
-class _FailureLog(CauseCounts):
-    """Backend failures: logged at ERROR once per cause per process, then counted, with a
-    reminder at every power of ten so a long run keeps saying it is broken."""
-
-    PERSISTENT = ZEROES_REWARDS
-    ONE_OFF = "the case is answered SandboxError, scored as a sandbox error; later cases run"
-
-    def record(
-        self, cause: str, message: str, consequence: str, error: BaseException | None = None
-    ) -> None:
-        """Count one more case failed by `cause`; log it the first time (with `error`'s
-        traceback, if given), and at every power of ten."""
-        count = self.count(cause)
-        if count == 1:
-            logger.error("verl-hyperlight: %s (%s)", message, consequence, exc_info=error)
-        elif worth_logging(count):
-            logger.error("verl-hyperlight: %d cases failed so far with: %s", count, message)
-
-    def internal(self, error: Exception) -> None:
-        """A bug of this package's: its traceback logged once per cause (the exception's type
-        and the line that raised it), as a backend failure is, not once per case."""
-        where = traceback.extract_tb(error.__traceback__)[-1:]
-        place = f" at {where[0].filename}:{where[0].lineno}" if where else ""
-        self.record(
-            f"internal {type(error).__qualname__}{place}",
-            f"internal error {error!r}{place}",
-            f"{self.ONE_OFF}; later cases that fail the same way are counted, not logged",
-            error,
-        )
-
-    def backend(self, failure: BackendError) -> None:
-        if failure.announced:  # logged where it arose (a guest's gate opening)
-            self.count(failure.cause)
-            return
-        consequence = self.PERSISTENT if failure.persistent else self.ONE_OFF
-        self.record(failure.cause, str(failure), consequence)
-
-
-failures = _FailureLog()
 # Requests in a language only Sandbox Fusion runs: the client's doing, not the backend's, so
 # said once per language at WARNING and not counted as backend failures.
 unsupported_languages = CauseCounts()
@@ -232,41 +188,6 @@ def _validate(
     )
 
 
-def run_through_gate(
-    path: str,
-    guest: Guest,
-    attempt: Callable[[warmup.Gate], RawOutcome],
-    startup_timeout: float,
-    cancelled: str,
-    cancel: threading.Event | None = None,
-) -> RawOutcome:
-    """Run `guest` with the hluk at `path` through its gate (``warmup.Gate.run_case``): each
-    attempt is the caller's `attempt(gate)`, a hluk run (see `fresh_run`). The last attempt's
-    outcome; Refused with the text `cancelled` when the caller cancelled it (`cancel`, which
-    its runs are given too), whether it was running or waiting to."""
-    gate = warmup.gate(path, guest)
-    try:
-        outcome = gate.run_case(lambda: attempt(gate), startup_timeout, cancel)
-    except Cancelled:
-        raise Refused(cancelled) from None
-    if outcome.verdict is Verdict.CANCELLED:
-        raise Refused(cancelled)
-    return outcome
-
-
-def fresh_run(
-    path: str,
-    guest: Guest,
-    exec_code: Callable[[str], str],
-    run: Callable[[list[str], str], RawOutcome],
-    mount: str | None = None,
-) -> RawOutcome:
-    """A hluk run started for an attempt: the caller's `run(argv, nonce)` of the argv that runs
-    `exec_code(nonce)` in `guest` (with `mount`), under a nonce of its own."""
-    nonce = secrets.token_hex(16)
-    return run(hluk_argv(path, guest, exec_code(nonce), mount=mount), nonce)
-
-
 def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response:
     """Run `case` through its gate: in one of its guest's ready guests, or in a micro-VM
     started for it, whose case directory is made once, for its retry too."""
@@ -280,7 +201,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
         case_dir = made[0]
 
         def run(argv: list[str], nonce: str) -> RawOutcome:
-            return hluk.run(
+            return watch.run(
                 argv,
                 nonce,
                 case.run_timeout,
@@ -290,7 +211,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
                 meanwhile=meanwhile,
             )
 
-        return fresh_run(
+        return gate.fresh_run(
             path,
             case.guest,
             lambda nonce: workload_code(CASE_MOUNT, nonce),
@@ -298,32 +219,17 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
             mount=case_dir.mount(CASE_MOUNT),
         )
 
-    def attempt(gate: warmup.Gate) -> RawOutcome:
-        return gate.ready.run_case(files, case.run_timeout, startup_timeout, cancel, own)
+    def attempt(found: gate.Gate) -> RawOutcome:
+        return found.ready_guests.run_case(files, case.run_timeout, startup_timeout, cancel, own)
 
     try:
-        outcome = run_through_gate(
+        outcome = gate.run_through_gate(
             path, case.guest, attempt, startup_timeout, CASE_CANCELLED, cancel=cancel
         )
         return response_for(outcome, path, case.run_timeout, case.fetch)
     finally:
         for case_dir in made:
             case_dir.remove()
-
-
-def response_for(
-    outcome: RawOutcome, path: str, run_timeout: float, fetch: tuple[str, ...] = ()
-) -> Response:
-    """The response to a run (a case's, or a notebook call's): from its outcome when its
-    ending is the solution's, else Refused or the BackendError it stands for."""
-    verdict = outcome.verdict
-    if verdict is Verdict.SOLUTIONS:
-        return from_outcome(outcome, run_timeout, fetch)
-    if verdict is Verdict.REFUSED:
-        raise Refused(outcome.refusal)
-    if verdict is Verdict.CANCELLED:
-        raise Refused(CASE_CANCELLED)
-    raise diagnosis.failure(outcome, path)
 
 
 def response_or_error(body: Callable[[], Response]) -> tuple[Response | None, str | None]:
@@ -338,10 +244,10 @@ def response_or_error(body: Callable[[], Response]) -> tuple[Response | None, st
     except Refused as exc:
         return sandbox_error(str(exc)), None
     except BackendError as exc:
-        failures.backend(exc)
+        failures.log.backend(exc)
         return sandbox_error(str(exc)), None
     except Exception as exc:
-        failures.internal(exc)
+        failures.log.internal(exc)
         return sandbox_error(f"verl-hyperlight internal error: {exc!r}"), None
 
 
@@ -369,46 +275,83 @@ def run_code(
     `language` "pytest" runs `code` as a test file under `pytest FILE` (with the `pytest`
     extra installed); languages other than it and "python" are answered SandboxError."""
     del compile_timeout  # Python has no compile step.
-
-    def body() -> Response:
-        if language not in RUNS:
-            if isinstance(language, str) and language in SANDBOX_FUSION_LANGUAGES:
-                message = (
-                    f"verl-hyperlight runs Python only; language {language!r} is not supported"
-                )
-                if unsupported_languages.first(language):
-                    logger.warning(
-                        "verl-hyperlight: %s (its cases are answered SandboxError and score -1; "
-                        "said once per language)",
-                        message,
-                    )
-                return sandbox_error(message)
-            raise InvalidRequest(f"unknown language {language!r}")
-        timeout = _timeout("run_timeout", run_timeout)
-        case = _validate(
-            sandbox_fusion_url, code, stdin, timeout, memory_limit_mb, files, fetch_files
+    return response_or_error(
+        lambda: answer(
+            sandbox_fusion_url,
+            code,
+            stdin,
+            run_timeout,
+            memory_limit_mb,
+            language,
+            files=files,
+            fetch_files=fetch_files,
+            cancel=cancel,
         )
-        parsed = parse_url(sandbox_fusion_url) if "?" in sandbox_fusion_url else None
-        if parsed is not None and parsed.ray is not None:
-            # Validated here, run there: the node's run_code answers as hyperlight:// does.
-            arguments = (parsed.local, code, stdin, None, run_timeout, memory_limit_mb, language)
-            options = {"files": files, "fetch_files": fetch_files}
-            answer: Response | None
-            answer, error = cluster.run(
-                parsed.ray, run_code, arguments, options, cancel, CASE_CANCELLED
-            )
-            if error is not None or answer is None:
-                raise InvalidRequest(str(error).removeprefix("Invalid request: "))
-            return answer
-        if language == "pytest":
-            try:
-                library = pytest_library.library()
-            except pytest_library.Missing as exc:
-                failures.record("pytest-missing", str(exc), "its pytest cases score -1")
-                return sandbox_error(str(exc))
-            case = replace(case, guest=replace(case.guest, pytest_library=library))
-        if timeout <= 0:
-            return time_limit_exceeded()  # as the service answers it, at once
-        return _run_case(hluk.hluk_path(), case, cancel)
+    )
 
-    return response_or_error(body)
+
+def answer(
+    sandbox_fusion_url: str,
+    code: str,
+    stdin: str | None,
+    run_timeout: float | None,
+    memory_limit_mb: int | None,
+    language: str = "python",
+    *,
+    files: dict[str, str | None] | None = None,
+    fetch_files: list[str] | None = None,
+    cancel: threading.Event | None = None,
+) -> Response:
+    """run_code's response, raising what run_code answers as values: InvalidRequest for a
+    request that cannot be run as given, BackendError (its `diagnosis` apart) for a failure of
+    the backend, Refused for a case refused or cancelled. For a caller that renders a failure
+    itself (doctor)."""
+    if language not in RUNS:
+        if isinstance(language, str) and language in SANDBOX_FUSION_LANGUAGES:
+            message = f"verl-hyperlight runs Python only; language {language!r} is not supported"
+            if unsupported_languages.first(language):
+                logger.warning(
+                    "verl-hyperlight: %s (its cases are answered SandboxError and score -1; "
+                    "said once per language)",
+                    message,
+                )
+            return sandbox_error(message)
+        raise InvalidRequest(f"unknown language {language!r}")
+    timeout = _timeout("run_timeout", run_timeout)
+    case = _validate(sandbox_fusion_url, code, stdin, timeout, memory_limit_mb, files, fetch_files)
+    parsed = parse_url(sandbox_fusion_url) if "?" in sandbox_fusion_url else None
+    if parsed is not None and parsed.ray is not None:
+        # Validated here, run there: the node's run_code answers as hyperlight:// does.
+        arguments = (parsed.local, code, stdin, None, run_timeout, memory_limit_mb, language)
+        options = {"files": files, "fetch_files": fetch_files}
+        response: Response | None
+        response, error = cluster.run(
+            parsed.ray, run_code, arguments, options, cancel, CASE_CANCELLED
+        )
+        if error is not None or response is None:
+            raise InvalidRequest(str(error).removeprefix("Invalid request: "))
+        return response
+    if language == "pytest":
+        try:
+            library = pytest_library.library()
+        except pytest_library.Missing as exc:
+            failures.log.record("pytest-missing", str(exc), "its pytest cases score -1")
+            return sandbox_error(str(exc))
+        case = replace(case, guest=replace(case.guest, pytest_library=library))
+    if timeout <= 0:
+        return time_limit_exceeded()  # as the service answers it, at once
+    return _run_case(hluk_path(), case, cancel)
+
+
+def close() -> None:
+    """End what this process keeps for its cases: its ready guests (waited for: their hluks
+    killed and reaped, their directories removed) and what its gates know of each guest; the
+    next case probes its guest again. serve calls it when it stops; a process that exits ends
+    its ready guests itself."""
+    gate.forget()
+
+
+def ready_guests() -> ready.Counts:
+    """This process's ready guests: waiting now, and cases run in one so far (serve's
+    metrics)."""
+    return ready.counts()

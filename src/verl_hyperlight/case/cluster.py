@@ -217,11 +217,6 @@ def _result(ray: Any, reference: Any, timeout: float) -> Any:
 _connection = _Connection()
 
 
-def connect() -> None:
-    """Connect to the cluster now; BackendError when it cannot be reached."""
-    _connection.ray()
-
-
 def run(
     resource: str,
     function: Callable[..., Any],

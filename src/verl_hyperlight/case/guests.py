@@ -183,10 +183,10 @@ def workload_code(case_dir: str, nonce: str) -> str:
     return _call("main", case_dir, nonce)
 
 
-def ready_code(case_dir: str, nonce: str) -> str:
+def ahead_code(case_dir: str, nonce: str) -> str:
     """hluk's --exec for a ready guest: wait for the host's line, then run the case mounted at
     `case_dir`."""
-    return _call("ready", case_dir, nonce)
+    return _call("await_case", case_dir, nonce)
 
 
 def notebook_code(nonce: str) -> str:

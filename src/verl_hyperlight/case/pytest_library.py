@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .. import diagnosis, settings
-from ..errors import BackendError
+from ..errors import BackendError, Diagnosis
 
 # What `pytest` imports on the guest's CPython 3.12 (exceptiongroup and tomli only before
 # 3.11), by their top-level names; `py` is pytest's shim of the old pylib module.
@@ -57,7 +57,11 @@ RETRY_SECONDS = 60.0
 
 
 class Missing(Exception):
-    """pytest cannot be given to the guest; the message says what to install."""
+    """pytest cannot be given to the guest: its `diagnosis` says what to install."""
+
+    def __init__(self, diagnosis: Diagnosis) -> None:
+        super().__init__(str(diagnosis))
+        self.diagnosis = diagnosis
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,7 @@ def _choose(cache: str) -> str:
     global _current, _failed
     failed = _failed
     if failed is not None and failed.cache == cache and time.monotonic() < failed.retry_at:
-        raise BackendError(str(failed.failure), failed.failure.cause)
+        raise BackendError(failed.failure.diagnosis)
     distributions = _distributions()
     sites = tuple(sorted({str(d.locate_file("")) for d in distributions}))
     installed = _stat_all(sites)
@@ -167,7 +171,13 @@ def _sources() -> list[str]:
         locations = spec.submodule_search_locations
         path = locations[0] if locations else spec.origin
         if path is None:
-            raise Missing(f"language 'pytest': the {name!r} module has no files to give the guest")
+            raise Missing(
+                Diagnosis(
+                    f"language 'pytest': the {name!r} module has no files to give the guest",
+                    "",
+                    "pytest-missing",
+                )
+            )
         found.append(path)
     return found
 
@@ -184,7 +194,13 @@ def _metadata_directory(distribution: importlib.metadata.Distribution) -> str:
     for file in distribution.files or ():
         if file.parts[0].endswith(".dist-info"):
             return str(distribution.locate_file(file.parts[0]))
-    raise Missing(f"language 'pytest': {distribution.name} has no .dist-info directory")
+    raise Missing(
+        Diagnosis(
+            f"language 'pytest': {distribution.name} has no .dist-info directory",
+            "",
+            "pytest-missing",
+        )
+    )
 
 
 def _whole(path: str) -> bool:

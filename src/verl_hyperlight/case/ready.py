@@ -3,7 +3,7 @@
 hluk's start (a new process, the snapshot loaded and restored: 6.5-9 ms on a real node) is most
 of a trivial case's time. So a worker keeps a few of its guests' hluks started ahead, each with
 a case directory of its own mounted while still empty, its runner waiting on the console's
-input (``runner.ready``). A case that finds one writes its files into that directory, sends the
+input (``runner.await_case``). A case that finds one writes its files into that directory, sends the
 line, and its solution starts at once; that guest runs that one case and ends, as every case's
 does, so nothing passes from one case to another.
 
@@ -39,19 +39,38 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .. import settings
 from ..errors import BackendError, CauseCounts
-from ..hluk import process as hluk
+from ..hluk.ahead import AheadProcess
 from ..outcome import Ending, RawOutcome, Verdict
 from . import casedir
-from .guests import CASE_MOUNT, Guest, hluk_argv, ready_code
+from .guests import CASE_MOUNT, Guest, ahead_code, hluk_argv
 
 logger = logging.getLogger("verl_hyperlight")
 
 # How many guests one case starts at most, in its place and to follow a rising demand: a case
 # spends on its own path what starting them costs the worker (a spawn each).
 STARTED_PER_CASE = 2
+
+
+def most_kept(peak: int, limit: int | None = None) -> int:
+    """The one rule for how many ready guests a worker keeps for one guest: as many as its
+    cases of that guest in flight at once lately (`peak`; at most its max_concurrent), up to
+    `limit` (VERL_HYPERLIGHT_READY_GUESTS when not given). doctor sizes a node's memory by
+    it."""
+    return min(settings.READY_GUESTS.value() if limit is None else limit, peak)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """A process's ready guests: waiting for a case now, cases run in one so far, and ready
+    guests found dead before their case could start."""
+
+    waiting: int
+    taken: int
+    died: int
 
 
 def _start_key(path: str) -> tuple[object, ...]:
@@ -74,7 +93,7 @@ class _Ready:
     __slots__ = ("case_dir", "key", "process")
 
     def __init__(
-        self, process: hluk.ReadyProcess, case_dir: casedir.CaseDir, key: tuple[object, ...]
+        self, process: AheadProcess, case_dir: casedir.CaseDir, key: tuple[object, ...]
     ) -> None:
         self.process, self.case_dir, self.key = process, case_dir, key
 
@@ -166,6 +185,7 @@ class ReadyGuests:
                 self.died += 1
             else:
                 self.taken += 1
+        _tally.count("died" if outcome is None else "taken")
         return outcome
 
     def _take(self, size: int, key: tuple[object, ...]) -> _Ready | None:
@@ -188,6 +208,7 @@ class ReadyGuests:
                 return taken
             with self._lock:
                 self.died += 1
+            _tally.count("died")
             self._say_died("")
             taken.end()
 
@@ -210,7 +231,7 @@ class ReadyGuests:
         A failure to start one is said once per cause and fails no case."""
         for _ in range(STARTED_PER_CASE):
             with self._lock:
-                wanted = min(limit, self._peak)
+                wanted = most_kept(self._peak, limit)
                 if generation != self.generation or len(self._waiting) + self._starting >= wanted:
                     return
                 self._starting += 1
@@ -244,11 +265,11 @@ class ReadyGuests:
         argv = hluk_argv(
             self.path,
             self.guest,
-            ready_code(CASE_MOUNT, nonce),
+            ahead_code(CASE_MOUNT, nonce),
             mount=case_dir.mount(CASE_MOUNT),
         )
         try:
-            return _Ready(hluk.ReadyProcess(argv, nonce, case_dir.parent), case_dir, key)
+            return _Ready(AheadProcess(argv, nonce, case_dir.parent), case_dir, key)
         except BaseException:
             case_dir.remove()
             raise
@@ -268,7 +289,7 @@ class ReadyGuests:
 
     def expire(self, now: float, idle: float) -> float | None:
         """Hand the keeper the guests that have waited `idle` seconds by `now`, to end; when the
-        next one will have (None: none waits)."""
+        next one will have (None: none waits, nor is being started)."""
         with self._lock:
             expired = []
             while self._waiting and self._waiting[0].process.started_at + idle <= now:
@@ -276,6 +297,8 @@ class ReadyGuests:
             if expired:
                 self._peak = self._in_flight  # the demand fell: follow it from where it is
             next_at = self._waiting[0].process.started_at + idle if self._waiting else None
+            if next_at is None and self._starting:
+                next_at = now + idle  # one is on its way: it will be watched
         _keeper.end(expired)
         return next_at
 
@@ -317,7 +340,8 @@ class _Keeper:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._woken = threading.Condition(self._lock)
-        self._pools: set[ReadyGuests] = set()
+        self._pools: set[ReadyGuests] = set()  # those holding guests, or being given one
+        self._fresh: set[ReadyGuests] = set()  # given a guest since the keeper last looked
         self._to_end: list[_Ready] = []
         self._thread: threading.Thread | None = None
         self._due: float | None = None  # when it wakes next (None: only when woken)
@@ -328,6 +352,7 @@ class _Keeper:
         is woken when it would sleep past that."""
         with self._lock:
             self._pools.add(pool)
+            self._fresh.add(pool)
             self._news += 1
             if self._due is None or due < self._due:
                 self._woken.notify()
@@ -377,9 +402,16 @@ class _Keeper:
                 except Exception:  # one guest's end must not stop the keeper
                     logger.exception("verl-hyperlight: ending a ready guest failed")
             now, idle = time.monotonic(), settings.READY_IDLE.value()
-            upcoming = [at for pool in pools if (at := pool.expire(now, idle)) is not None]
+            due = {pool: pool.expire(now, idle) for pool in pools}
+            upcoming = [at for at in due.values() if at is not None]
             with self._lock:
                 self._due = min(upcoming) if upcoming else None
+                # A pool that holds no guest is let go of (its gate may be gone), unless one
+                # was started in it since: `watch` adds it back with each guest.
+                for pool, at in due.items():
+                    if at is None and pool not in self._fresh:
+                        self._pools.discard(pool)
+                self._fresh.clear()
 
     def forget_in_child(self) -> None:
         for pool in self._pools:
@@ -388,29 +420,38 @@ class _Keeper:
             ready.process.forget()
         self._lock = threading.Lock()
         self._woken = threading.Condition(self._lock)
-        self._pools, self._to_end, self._thread = set(), [], None
+        self._pools, self._fresh, self._to_end, self._thread = set(), set(), [], None
         self._due, self._news = None, 0
 
 
 _keeper = _Keeper()
+# This process's cases run in a ready guest, and ready guests found dead, since it started.
+_tally = CauseCounts()
+
+
+def _forget_in_child() -> None:
+    """A forked child holds none of its parent's ready guests, and has run no case in one."""
+    global _tally
+    _keeper.forget_in_child()
+    _tally = CauseCounts()
 
 
 def end_all() -> None:
-    """End every ready guest of this process, and wait until they are (warmup.forget: for
-    tests, after an upgrade)."""
+    """End every ready guest of this process, and wait until they are: when it exits, and when
+    it lets go of what it knows of its guests (``gate.forget``, which ``api.close`` calls)."""
     for pool in _keeper.pools():
         pool.clear(wait=True)
     _keeper.drain()
 
 
-def waiting() -> int:
-    """How many ready guests this process holds now."""
-    return sum(pool.count() for pool in _keeper.pools())
+def counts() -> Counts:
+    """This process's ready guests, as of now (see Counts)."""
+    pools = _keeper.pools()
+    return Counts(
+        waiting=sum(pool.count() for pool in pools),
+        taken=_tally.counts().get("taken", 0),
+        died=_tally.counts().get("died", 0),
+    )
 
 
-def taken() -> int:
-    """How many of this process's cases have run in a ready guest."""
-    return sum(pool.taken for pool in _keeper.pools())
-
-
-os.register_at_fork(after_in_child=_keeper.forget_in_child)
+os.register_at_fork(after_in_child=_forget_in_child)

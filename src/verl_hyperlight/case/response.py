@@ -5,10 +5,14 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from .. import diagnosis
+from ..errors import Refused
 from ..guest.protocol import FILE_LEFT_OUT, FILES_OUT_LIMIT, OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
-from ..outcome import Ending, RawOutcome
+from ..outcome import Ending, RawOutcome, Verdict
 
 Response = dict[str, Any]
+# Why a case its caller cancelled is answered SandboxError.
+CASE_CANCELLED = "the case was cancelled before it ended"
 # The return code of a solution whose guest kernel aborted (hluk's answer to a guest out of
 # memory): that of a process the kernel's OOM killer killed, as Sandbox Fusion's host reports it.
 GUEST_ABORTED_RETURN_CODE = 137
@@ -150,3 +154,18 @@ def _finished(outcome: RawOutcome) -> tuple[int, float, str, str]:
             "the solution broke the runner (closed or replaced what it reports with)\n"
         )
     return status, elapsed, stdout, stderr
+
+
+def response_for(
+    outcome: RawOutcome, path: str, run_timeout: float, fetch: tuple[str, ...] = ()
+) -> Response:
+    """The response to a run (a case's, or a notebook call's): from its outcome when its
+    ending is the solution's, else Refused or the BackendError it stands for."""
+    verdict = outcome.verdict
+    if verdict is Verdict.SOLUTIONS:
+        return from_outcome(outcome, run_timeout, fetch)
+    if verdict is Verdict.REFUSED:
+        raise Refused(outcome.refusal)
+    if verdict is Verdict.CANCELLED:
+        raise Refused(CASE_CANCELLED)
+    raise diagnosis.failure(outcome, path)

@@ -14,11 +14,11 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ..case.api import run_code
 from ..case.guests import guest_for
-from ..errors import BackendError, InvalidRequest
+from ..errors import BackendError, Diagnosis, InvalidRequest
 
 CASES = {
     "trivial": "print(1)",
@@ -150,4 +150,40 @@ def check(url: str, memory_limit_mb: int | None) -> None:
     if error is not None:
         raise InvalidRequest(error)
     if response is None or response["status"] != "Success":
-        raise BackendError((response or {}).get("message", "no answer"), "bench")
+        raise BackendError(Diagnosis((response or {}).get("message", "no answer"), "", "bench"))
+
+
+def as_json(cpus: int, measured: list[Level], advice: Recommendation) -> dict[str, object]:
+    """`verl-hyperlight bench --json`'s report."""
+    return {
+        "cpus": cpus,
+        "levels": [asdict(level) for level in measured],
+        "recommendation": asdict(advice),
+    }
+
+
+def render(
+    cpus: int, seconds: float, measured: list[Level], advice: Recommendation, num_workers: int
+) -> str:
+    """`verl-hyperlight bench`'s report: a row per level, then the recommendation."""
+    lines = [
+        f"{cpus} CPUs; {seconds:g} s per level; cases: {', '.join(CASES)}",
+        "concurrency  cases/s   p50 ms   p99 ms  start-up  failed",
+    ]
+    for level in measured:
+        lines.append(
+            f"{level.concurrency:>11}{level.per_second:>9.1f}{level.p50_ms:>9.0f}"
+            f"{level.p99_ms:>9.0f}{level.startup_share:>10.0%}{level.failed:>8}"
+        )
+    if advice.num_workers == num_workers:
+        split = f"with reward.num_workers={num_workers}: max_concurrent={advice.max_concurrent}"
+    else:
+        split = (
+            f"max_concurrent=1 with reward.num_workers={advice.num_workers} ({num_workers} "
+            f"workers would run {num_workers} at once)"
+        )
+    lines.append(
+        f"recommended: at most {advice.node_concurrency} at once on this node ({advice.why}); "
+        f"{split}"
+    )
+    return "\n".join(lines)

@@ -22,13 +22,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .. import diagnosis, node, settings
-from ..case import casedir, cluster, pytest_library, warmup
-from ..case.api import run_code
+from ..case import casedir, cluster, gate, pytest_library
+from ..case.api import answer
 from ..case.guests import guest_for
+from ..case.ready import most_kept
 from ..case.url import parse_url
-from ..errors import BackendError, InvalidRequest
-from ..hluk import process as hluk
+from ..errors import BackendError, Diagnosis, InvalidRequest, Refused
 from ..hluk import spawn
+from ..hluk.binary import check_version, hluk_path
 from . import bench
 
 KVM_DEVICE = "/dev/kvm"
@@ -60,6 +61,13 @@ def warn(name: str, detail: str, fix: str) -> Check:
 
 def fail(name: str, detail: str, fix: str) -> Check:
     return Check(name, "fail", detail, fix)
+
+
+def failed(name: str, found: Diagnosis, prefix: str = "") -> Check:
+    """A failed check of what `found` diagnoses: what it found, and its fix (or, where it has
+    none, where to look)."""
+    detail = f"{prefix}{found.what}" + (f"; {found.after}" if found.after else "")
+    return fail(name, detail, found.fix or diagnosis.SEE_WARM_UP)
 
 
 @dataclass(frozen=True)
@@ -104,13 +112,11 @@ def _cluster_checks(options: Options, resource: str) -> Iterator[Check]:
     try:
         offering = cluster.nodes_offering(resource)
     except BackendError as exc:
-        yield fail("ray", str(exc), fix_of(str(exc)))
+        yield failed("ray", exc.diagnosis)
         return
     if not offering:
-        problem = diagnosis.ray_resource_offered_by_none(resource, 0)
-        yield fail(
-            "nodes", f"no alive node of the Ray cluster offers {resource!r}", fix_of(str(problem))
-        )
+        problem = diagnosis.ray_resource_offered_by_none(resource, 0).diagnosis
+        yield fail("nodes", f"no alive node of the Ray cluster offers {resource!r}", problem.fix)
         return
     yield ok(
         "nodes",
@@ -161,14 +167,13 @@ def hluk_checks() -> Generator[Check, None, str | None]:
     """hluk: found, executable, exec'd by its wrapper, recent enough. Returns its path, if it
     can run."""
     try:
-        path = hluk.hluk_path()
+        path = hluk_path()
     except BackendError:
         yield fail("hluk", "not found on PATH, and HLUK_PATH is not set", diagnosis.INSTALL_COMMAND)
         return None
     problem = diagnosis.hluk_file_problem(path)
     if problem is not None:
-        what, fix, _ = problem
-        yield fail("hluk", what, fix)
+        yield failed("hluk", problem)
         return None
     wrapper = _wrapper_without_exec(path)
     if wrapper:
@@ -179,9 +184,12 @@ def hluk_checks() -> Generator[Check, None, str | None]:
             'end the script with: exec /path/to/hluk "$@"',
         )
     try:
-        version = hluk.check_version(path)
+        version = check_version(path)
     except BackendError as exc:
-        yield fail("hluk", str(exc), f"{diagnosis.INSTALL_COMMAND} (0.19.0 or later)")
+        found = exc.diagnosis
+        yield fail(
+            "hluk", found.what, found.fix or f"{diagnosis.INSTALL_COMMAND} (0.19.0 or later)"
+        )
         return None
     yield ok("hluk", f"hluk {version} at {path}")
     return path
@@ -218,14 +226,14 @@ def _kvm() -> Check:
         return fail(
             "/dev/kvm",
             f"{KVM_DEVICE} is not readable and writable by {user} (it belongs to group {group})",
-            f"sudo usermod -aG {group} {user}, then log in again",
+            diagnosis.join_kvm_group(group, user),
         )
     return ok("/dev/kvm", f"{KVM_DEVICE} is readable and writable")
 
 
 def _cache() -> Iterator[Check]:
     root = Path(settings.hluk_cache_directory())
-    fix = "point HLUK_CACHE_DIR at a writable directory with a few GiB free"
+    fix = diagnosis.CACHE_FIX
     try:
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=root):
@@ -250,7 +258,7 @@ def _case_directories() -> Check:
     try:
         made = casedir.make([])
     except BackendError as exc:
-        return fail("case-dir", str(exc), fix_of(str(exc)))
+        return failed("case-dir", exc.diagnosis)
     made.remove()
     chosen = settings.CASE_DIR.value()
     if chosen:
@@ -274,9 +282,9 @@ def _pytest() -> Check:
     try:
         library = pytest_library.library()
     except pytest_library.Missing as exc:
-        return warn("pytest", str(exc), fix_of(str(exc)))
+        return warn("pytest", exc.diagnosis.what, exc.diagnosis.fix)
     except BackendError as exc:
-        return fail("pytest", str(exc), fix_of(str(exc)))
+        return failed("pytest", exc.diagnosis)
     version = importlib.metadata.version("pytest")
     return ok(
         "pytest",
@@ -295,9 +303,9 @@ def guest_checks(path: str, options: Options) -> Iterator[Check]:
         return
     images = list((Path(settings.hluk_cache_directory()) / "rootfs").rglob("*.cpio"))
     try:
-        warmth = warmup.ensure_ready(path, guest)
+        warmth = gate.ensure_ready(path, guest)
     except BackendError as exc:
-        yield fail("guest", f"{guest.image.label} cannot start: {exc}", fix_of(str(exc)))
+        yield failed("guest", exc.diagnosis, f"{guest.image.label} cannot start: ")
         return
     if warmth is not None and warmth.restored is False:
         yield warn(
@@ -311,25 +319,24 @@ def guest_checks(path: str, options: Options) -> Iterator[Check]:
     latencies = []
     for _ in range(2):
         started = time.monotonic()
-        response, error = run_code(options.url, "print(1+1)", "", 10, 10, options.memory_limit_mb)
+        try:
+            response = answer(options.url, "print(1+1)", "", 10, options.memory_limit_mb)
+        except BackendError as exc:
+            yield failed("case", exc.diagnosis, "print(1+1) did not succeed: ")
+            return
+        except (InvalidRequest, Refused) as exc:
+            yield fail("case", f"print(1+1) did not succeed: {exc}", diagnosis.SEE_WARM_UP)
+            return
         latencies.append(time.monotonic() - started)
-        if error is not None or response is None or response["status"] != "Success":
-            message = error or (response or {}).get("message") or str(response)
-            yield fail("case", f"print(1+1) did not succeed: {message}", fix_of(message))
+        if response["status"] != "Success":
+            said = response.get("message") or str(response)
+            yield fail("case", f"print(1+1) did not succeed: {said}", diagnosis.SEE_WARM_UP)
             return
     yield ok(
         "case",
         f"print(1+1) answered 2: {latencies[0] * 1000:.0f} ms the first time, "
         f"{latencies[1] * 1000:.0f} ms the next",
     )
-
-
-def fix_of(message: str) -> str:
-    """run_code's messages end with what to do, after a colon or a semicolon."""
-    for mark in ("): ", "; "):
-        if mark in message:
-            return message.rsplit(mark, 1)[1]
-    return "see the message; `verl-hyperlight warm-up` says more"
 
 
 def _spawn_check() -> Check:
@@ -363,7 +370,7 @@ def _sizing(options: Options) -> Iterator[Check]:
     except InvalidRequest:
         return
     # Micro-VMs started ahead of their cases (case/ready.py), per worker: memory, no CPU.
-    ready = options.num_workers * min(settings.READY_GUESTS.value(), options.max_concurrent)
+    ready = options.num_workers * most_kept(options.max_concurrent)
     need = vms * (guest.memory_mb + node.HOST_MB_PER_CASE) + ready * guest.memory_mb
     free = node.available_mb()
     counted = (

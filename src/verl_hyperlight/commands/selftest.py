@@ -21,10 +21,11 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .. import node
+from .. import diagnosis, node
 from ..agent.notebook import Notebook
 from ..case.api import run_code
 from ..case.url import parse_url
+from ..errors import BackendError, InvalidRequest, Refused
 from ..guest import runner
 from . import doctor
 from .conformance import (
@@ -124,18 +125,25 @@ def notebook_check(url: str) -> doctor.Check:
     notebook started, two calls that share a variable, and its end (after which a call finds a
     new notebook, without that variable)."""
     notebook = Notebook(url, MEMORY_LIMIT_MB)
+    which = ""
     try:
         started = time.monotonic()
         for code, expected in NOTEBOOK_CALLS:
-            answered = _solutions(notebook.run(code, NOTEBOOK_RUN_TIMEOUT, None))
+            which = f"its call {code!r}"
+            answered = notebook.answer(code, NOTEBOOK_RUN_TIMEOUT, None)
             if _stdout(answered) != expected:
-                return _notebook_failed(f"its call {code!r} answered {_said(answered)}")
+                return _notebook_failed(f"{which} answered {_said(answered)}")
         seconds = time.monotonic() - started
         notebook.close()
         code, expected = AFTER_THE_END
-        answered = _solutions(notebook.run(code, NOTEBOOK_RUN_TIMEOUT, None))
+        which = f"a call after its end, {code!r},"
+        answered = notebook.answer(code, NOTEBOOK_RUN_TIMEOUT, None)
         if _stdout(answered) != expected:
-            return _notebook_failed(f"a call after its end, {code!r}, answered {_said(answered)}")
+            return _notebook_failed(f"{which} answered {_said(answered)}")
+    except BackendError as exc:
+        return doctor.failed("notebook", exc.diagnosis, f"{which} failed in the backend: ")
+    except (InvalidRequest, Refused) as exc:
+        return _notebook_failed(f"{which} was not run: {exc}")
     finally:
         notebook.close()
     return doctor.ok(
@@ -161,7 +169,7 @@ def _said(answered: dict[str, Any] | str) -> str:
 
 
 def _notebook_failed(detail: str) -> doctor.Check:
-    return doctor.fail("notebook", detail, doctor.fix_of(detail))
+    return doctor.fail("notebook", detail, diagnosis.SEE_WARM_UP)
 
 
 def selftest(

@@ -32,7 +32,7 @@ input, and its echo (the console echoes what the guest reads) cannot make a fram
 is reported as a case is, with the call's nonce; the notebook's own nonce reports, once, that
 it is ready for calls (start, end, done).
 
-A ready guest (``runner.ready``) is a case's guest started before its case: its case
+A ready guest (``runner.await_case``) is a case's guest started before its case: its case
 directory is mounted while still empty, and it reads nothing of it until the host, having
 written the case there, sends GO on the console's input; it then runs the case as any other.
 

@@ -941,7 +941,7 @@ def main(case_dir: str, nonce: str) -> None:
         _os_close(fd)
 
 
-def ready(case_dir: str, nonce: str) -> None:
+def await_case(case_dir: str, nonce: str) -> None:
     """A ready guest's workload: wait, restored, for the host's GO line on the console's input
     (its case is written into `case_dir` by then), and run the case as `main` does. Nothing of
     `case_dir` is read before the line: it was mounted empty, and a file being written could be
@@ -1014,7 +1014,7 @@ def _run_cell(case: _Case, source: str, number: int, namespace: dict[str, Any]) 
 def notebook(nonce: str) -> None:
     """Run calls read from the console's input, one after another, in one namespace kept
     across them (a notebook), each reported as a case with its own nonce, until the input
-    ends. The notebook's nonce reports that it is ready."""
+    ends. The notebook's nonce reports that it is up."""
     global _case
     requests, console = _os_dup(0), _os_dup(1)
     os.makedirs(WORK_DIR, exist_ok=True)
@@ -1029,10 +1029,10 @@ def notebook(nonce: str) -> None:
     sys.modules["__main__"] = module
     namespace = module.__dict__
     _reseed()
-    ready = _Case(nonce, console)
-    ready.frame(protocol.START)
-    ready.frame(protocol.END, *protocol.end_fields(protocol.End(0, 0.0, None, (0, 0))))
-    ready.frame(protocol.DONE)
+    up = _Case(nonce, console)
+    up.frame(protocol.START)
+    up.frame(protocol.END, *protocol.end_fields(protocol.End(0, 0.0, None, (0, 0))))
+    up.frame(protocol.DONE)
     pending = bytearray()
     number = 0
     while True:

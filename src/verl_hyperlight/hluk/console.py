@@ -80,14 +80,6 @@ class Console:
         self._scan(self._kept + count)
         return count
 
-    def feed(self, chunk: bytes) -> None:
-        """Scan `chunk` as if read."""
-        for offset in range(0, len(chunk), READ_SIZE):
-            piece = chunk[offset : offset + READ_SIZE]
-            self._buffer[self._kept : self._kept + len(piece)] = piece
-            self.total += len(piece)
-            self._scan(self._kept + len(piece))
-
     def _scan(self, end: int) -> None:
         data, view = self._buffer, memoryview(self._buffer)
         self._kept = 0

@@ -29,10 +29,11 @@ from typing import Any
 
 import uvicorn
 
+from ..settings import ServeSettings as Settings
 from .middleware import ASGIApp, BearerToken, BodyLimit, Receive, RequestLog, Scope, Send
 from .routes import RUN_CODE, table
 from .routing import Router
-from .state import Server, Settings
+from .state import Server
 
 __all__ = ["Application", "Settings", "create_app", "serve"]
 

@@ -1,5 +1,5 @@
 """The server's Prometheus metrics: its requests and cases (`Metrics`), and among them run_code's
-count of backend failures by cause."""
+count of backend failures by cause and the process's ready guests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from ..case import api
+from ..case import api, failures
 
 
 class Metrics:
@@ -44,6 +44,13 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(BackendFailures())
+        ready_guests = Gauge(
+            "verl_hyperlight_ready_guests",
+            "Micro-VMs started ahead of their cases, waiting for one now",
+            registry=self.registry,
+        )
+        ready_guests.set_function(lambda: api.ready_guests().waiting)  # read when scraped
+        self.registry.register(ReadyGuestsTaken())
 
 
 class BackendFailures:
@@ -55,6 +62,18 @@ class BackendFailures:
             "Cases answered SandboxError because the backend failed, by cause",
             labels=["cause"],
         )
-        for cause, count in sorted(api.failures.counts().items()):
+        for cause, count in sorted(failures.log.counts().items()):
             family.add_metric([cause], count)
+        yield family
+
+
+class ReadyGuestsTaken:
+    """The cases run in a ready guest so far, as a Prometheus counter (read when scraped)."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "verl_hyperlight_cases_in_ready_guests",
+            "Cases run in a micro-VM started ahead of them",
+        )
+        family.add_metric([], api.ready_guests().taken)
         yield family

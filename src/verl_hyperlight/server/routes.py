@@ -3,7 +3,8 @@ the case), GET /v1/ping, /readyz and /metrics; and the table the router serves t
 
 POST /run_code takes a place before its body is read, holding the length its body declares
 (no place left, or no room for that length in the bodies' budget: HTTP 504 at once, its body
-unread, as uvicorn's limit_concurrency refuses); holding it, its body is read into one buffer
+unread, where uvicorn's limit_concurrency would answer 503: 504 is the one status verl's client
+retries); holding it, its body is read into one buffer
 (counted against the budget as it arrives when its length was not declared) and validated as
 the service validates it (`request`), off the event loop when large; it then takes a micro-VM
 (past its wait, HTTP 504 with Retry-After, which verl's client retries), runs, and is answered
@@ -72,7 +73,7 @@ async def run_code(server: Server, scope: Scope, receive: Receive, send: Send) -
     except _OverBudget:
         await _busy(server, scope, send, server.over_budget())
     finally:
-        place.leave()
+        place.handler_done()
 
 
 async def _run_admitted(

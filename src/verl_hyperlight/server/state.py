@@ -17,15 +17,13 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-from .. import node
-from ..case import api, ready, warmup
+from ..case import api, gate
 from ..case.guests import guest_for
 from ..errors import BackendError, InvalidRequest
-from ..hluk import process as hluk
-from ..settings import POD_NAME
+from ..hluk.binary import hluk_path
+from ..settings import POD_NAME, ServeSettings
 from .metrics import Metrics
 from .middleware import Receive
 from .request import Invalid, RunCodeRequest, parse
@@ -43,51 +41,6 @@ PARSE_ON_LOOP_BYTES = 64 * 1024
 # How long a stopping server waits for its cancelled cases' micro-VMs to be killed.
 STOP_SECONDS = 10.0
 MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How the server runs; see `verl-hyperlight serve --help`."""
-
-    url: str = "hyperlight://"
-    max_concurrent: int = field(default_factory=node.cpus)
-    max_queue: int | None = None  # None: 8 x max_concurrent
-    max_wait: float = 5.0
-    max_body_bytes: int = 64 * MIB
-    max_bodies_bytes: int | None = None  # None: node.bodies_memory_bytes, at least one body
-    grace: float = 30.0
-    warm_up_memory_mb: int = 1024
-    max_memory_mb: int | None = None  # None: half the node's memory, at least warm_up_memory_mb
-    max_run_timeout: float = 300.0
-    token: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_wait", "grace"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must not be negative")
-        if self.max_run_timeout <= 0 or self.memory_cap < self.warm_up_memory_mb:
-            raise ValueError("the caps must allow the warm-up's memory and a positive run")
-        if self.bodies_budget < self.max_body_bytes:
-            raise ValueError("the bodies' budget must hold one body of the largest size")
-
-    @property
-    def queue_limit(self) -> int:
-        return self.max_queue if self.max_queue is not None else 8 * self.max_concurrent
-
-    @property
-    def bodies_budget(self) -> int:
-        """The bytes of request bodies the server holds at most, in all."""
-        if self.max_bodies_bytes is not None:
-            return self.max_bodies_bytes
-        # A body is held once, as the request it holds (its code, stdin and files), from its
-        # read until its case has ended.
-        return max(node.bodies_memory_bytes(), self.max_body_bytes)
-
-    @property
-    def memory_cap(self) -> int:
-        if self.max_memory_mb is not None:
-            return self.max_memory_mb
-        return max(node.most_case_memory_mb(), self.warm_up_memory_mb)
 
 
 class Place:
@@ -138,12 +91,14 @@ class Place:
         finally:
             self._stop_waiting()
 
-    def leave(self) -> None:
+    def handler_done(self) -> None:
         """The handler is done; a running case keeps the place until its thread ends."""
         if not self.running:
-            self.release()
+            self.give_back()
 
-    def release(self) -> None:
+    def give_back(self) -> None:
+        """Give back the place, its body's bytes and its micro-VM (once: the handler's end, or
+        its case's thread's end, whichever comes last)."""
         self._stop_waiting()
         if self.slot:
             self.slot = False
@@ -156,7 +111,7 @@ class Place:
 class Server:
     """The server's state: admission, the cases in flight, readiness and metrics."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
         self.memory_cap = settings.memory_cap
         self.metrics = Metrics()
@@ -172,7 +127,7 @@ class Server:
         self.executor = ThreadPoolExecutor(settings.max_concurrent, "verl-hyperlight-case")
         self.parser = ThreadPoolExecutor(1, "verl-hyperlight-parse")
         self.in_flight: set[threading.Event] = set()
-        self.ready = False
+        self.serving = False
         self.reason = "warming up"
         self.check: asyncio.Future[None] | None = None
         self.pod_name = POD_NAME.value()
@@ -183,16 +138,16 @@ class Server:
         """See the guest warm (a probe when hluk's cache changed, else two stat calls)."""
         try:
             guest = guest_for(self.settings.url, self.settings.warm_up_memory_mb)
-            warmth = warmup.ensure_ready(hluk.hluk_path(), guest)
+            warmth = gate.ensure_ready(hluk_path(), guest)
         except (BackendError, InvalidRequest) as exc:
-            if self.ready or self.reason != str(exc):
+            if self.serving or self.reason != str(exc):
                 logger.error("not ready: %s", exc)
-            self.ready, self.reason = False, str(exc)
+            self.serving, self.reason = False, str(exc)
             return
-        if not self.ready:
+        if not self.serving:
             how = "" if warmth is None else f" (probe took {warmth.seconds:.2f} s)"
             logger.info("ready: %s is warm%s", guest.image.label, how)
-        self.ready, self.reason = True, "ready"
+        self.serving, self.reason = True, "ready"
 
     def start_check(self) -> asyncio.Future[None]:
         """Check the backend in a daemon thread: a warm-up (a pull, a boot: up to 900 s) must
@@ -218,7 +173,7 @@ class Server:
             await asyncio.wait_for(asyncio.shield(check), READINESS_WAIT_SECONDS)
         except asyncio.TimeoutError:
             pass  # the last known state, while a probe (a pull, a boot) goes on
-        return self.ready, self.reason
+        return self.serving, self.reason
 
     # a case
 
@@ -290,7 +245,7 @@ class Server:
         def ended(_: object) -> None:
             self.in_flight.discard(cancel)
             self.metrics.in_flight.dec()
-            place.release()
+            place.give_back()
 
         case.add_done_callback(ended)
         watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, cancel))
@@ -318,7 +273,7 @@ class Server:
         if self.in_flight:
             logger.error("stopping with %d cases still ending", len(self.in_flight))
         # And the micro-VMs started for cases that will not come now.
-        await asyncio.to_thread(ready.end_all)
+        await asyncio.to_thread(api.close)
 
 
 def _settle(check: asyncio.Future[None]) -> None:

@@ -1,36 +1,31 @@
-"""How to run it: one hluk process, owned for its whole life.
+"""One hluk run watched to its end, under its deadlines.
 
-hluk runs in a process group of its own that is killed whole on a timeout, and it dies with the
-reward worker, however the worker dies (``spawn`` starts it), so a reward worker that is
-killed takes its micro-VMs with it. It gets the environment it needs and nothing else of the
-worker's. Its console (the guest's merged stdout and stderr) is read as it arrives and scanned
-for the runner's frames (``guest/protocol.py``; ``console`` decodes them), decoding the
-output as it comes, so a case holds its output once; its stderr carries hluk's own messages,
-of which the end is kept. How the run ended is decided once, in ``_decide``, from what hluk and
-the runner said; whose that ending is, in ``outcome``; what a backend failure means and how to
-fix it, in ``diagnosis``.
+hluk's console (the guest's merged stdout and stderr) is read as it arrives and scanned for the
+runner's frames (``guest/protocol.py``; ``console`` decodes them), decoding the output as it
+comes, so a case holds its output once; its stderr carries hluk's own messages, of which the end
+is kept. One deadline holds at a time, the phase's (start-up, the solution's run, the copy-out
+of its output), and a watch ends once the runner's report is whole, a deadline passes, or the
+caller cancels. How the run ended is decided once, in ``_decide``, from what hluk and the runner
+said; whose that ending is, in ``outcome``; what a backend failure means and how to fix it, in
+``diagnosis``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
-import secrets
 import select
-import shutil
 import threading
 import time
 from collections.abc import Callable
 
-from .. import diagnosis, settings
+from .. import diagnosis
 from ..guest import protocol
 from ..outcome import GUEST_EXIT, Ending, RawOutcome
 from . import spawn
 from .console import READ_SIZE, Console
 
-MINIMUM_VERSION = (0, 19, 0)
 # The console carries both streams base64-encoded, with framing; beyond this the guest is
 # misbehaving (writing to the console around the runner) and is stopped.
 CONSOLE_LIMIT = 2 * (protocol.OUTPUT_LIMIT * 4 // 3) + (1 << 20)
@@ -50,10 +45,8 @@ DRAIN_SECONDS = 1.0
 EXIT_NOTICE_SECONDS = 0.1
 # How often a case's `cancel` is looked at.
 CANCEL_POLL_SECONDS = 0.2
-VERSION_TIMEOUT_SECONDS = 30.0
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?")
 # What hluk logs of the snapshot at --log-level info: restored from it, or taken.
 _RESTORED = re.compile(r"\brestored=(true|false)\b")
 # hluk's last line when the guest kernel aborts (hyperlight's GuestAborted, which hluk prints
@@ -61,53 +54,7 @@ _RESTORED = re.compile(r"\brestored=(true|false)\b")
 _GUEST_ABORTED = "error: Guest aborted:"
 
 
-def hluk_path() -> str:
-    """The hluk to run: HLUK_PATH, else the one on PATH (absolute either way)."""
-    chosen = settings.HLUK_PATH.value()
-    if chosen is not None:
-        return os.path.abspath(chosen)
-    found = shutil.which("hluk")
-    if found is None:
-        raise diagnosis.not_on_path()
-    return os.path.abspath(found)
-
-
-def run_to_exit(argv: list[str], timeout: float) -> RawOutcome:
-    """Run hluk for something other than a case (--version): until it exits, or `timeout`
-    (ending STARTUP_TIMEOUT). What it printed on its console is in ``preamble``."""
-    # A nonce no output contains: the run is never "started", so `timeout` bounds all of it.
-    return run(argv, secrets.token_hex(16), math.inf, timeout)
-
-
-def parse_version(text: str) -> tuple[tuple[int, ...], str] | None:
-    """hluk's version in `text`, as a key that orders it (a pre-release sorts before its
-    release, as semantic versioning orders them) and as written."""
-    match = _VERSION.search(text)
-    if match is None:
-        return None
-    release = tuple(int(part) for part in match.groups()[:3])
-    return (*release, 0 if match.group(4) else 1), match.group(0)
-
-
-def check_version(path: str) -> str:
-    """Run `hluk --version` and refuse a hluk older than 0.19.0; returns the version."""
-    done = run_to_exit([path, "--version"], VERSION_TIMEOUT_SECONDS)
-    if done.ending is Ending.STARTUP_TIMEOUT:
-        raise diagnosis.version_unanswered(path, VERSION_TIMEOUT_SECONDS)
-    if done.ending is Ending.KILLED:
-        raise diagnosis.failure(done, path)
-    text = done.preamble.decode(errors="replace").strip()
-    version = parse_version(text)
-    if done.hluk_status != 0 or version is None:
-        printed = done.hluk_status == 0
-        raise diagnosis.version_failed(path, done.hluk_error or text or done.hluk_stderr, printed)
-    key, written = version
-    if key < (*MINIMUM_VERSION, 1):
-        raise diagnosis.too_old(path, written, key[3] == 0, MINIMUM_VERSION)
-    return written
-
-
-class _Tail:
+class Tail:
     """The last `limit` bytes written to a pipe."""
 
     def __init__(self, limit: int) -> None:
@@ -150,14 +97,6 @@ def final_error(stderr: str) -> str:
     return ""
 
 
-def _spawn(argv: list[str], cwd: str | None, stdin: bool = False) -> spawn.Process:
-    """Start hluk (see ``spawn``): in a process group of its own, dying with this process."""
-    try:
-        return spawn.spawn(argv, cwd, settings.hluk_environment(), stdin)
-    except OSError as exc:
-        raise diagnosis.cannot_start(argv[0], str(exc), exc.errno or 0) from None
-
-
 def _copy_out_budget(end: protocol.End) -> float:
     return COPY_OUT_SECONDS + end.copied / COPY_OUT_BYTES_PER_SECOND
 
@@ -178,17 +117,17 @@ def run(
     must also show progress before the start: a run that writes nothing for that long, other
     than during an image pull it announced, is stopped as not started in time. `meanwhile` is
     done once hluk is started, while it starts the guest."""
-    proc = _spawn(argv, cwd)
+    proc = spawn.start(argv, cwd)
     if meanwhile is not None:
         try:
             meanwhile()
         except BaseException:
             proc.stop()
             raise
-    return _run_started(proc, argv[0], nonce, run_timeout, startup_timeout, cancel, stall_timeout)
+    return run_started(proc, argv[0], nonce, run_timeout, startup_timeout, cancel, stall_timeout)
 
 
-def _run_started(
+def run_started(
     proc: spawn.Process,
     path: str,
     nonce: str,
@@ -198,77 +137,15 @@ def _run_started(
     stall_timeout: float | None = None,
 ) -> RawOutcome:
     """`run`, of a hluk started: watched from now on, and stopped at the end."""
-    stderr = _Tail(HLUK_STDERR_LIMIT)
+    stderr = Tail(HLUK_STDERR_LIMIT)
     try:
-        watched = _watch(
+        watched = watch(
             proc, Console(nonce), stderr, run_timeout, startup_timeout, cancel, stall_timeout
         )
     finally:
         # Whatever ended the watch, nothing of this group outlives the call.
         status = proc.stop()
     return watched.outcome(path, status, stderr)
-
-
-class ReadyProcess:
-    """A case's hluk started before its case: its guest restores and waits (``runner.ready``)
-    for the line that `go` sends once the case is written into its mounted directory; from
-    then on it is run as `run` runs a case, to its end. Until `go`, nothing reads its pipes:
-    hluk writes nothing there while its guest waits (what it might, the pipes hold). Made and
-    handed over by one thread at a time; `stop` may come from any."""
-
-    __slots__ = ("nonce", "path", "proc", "started_at")
-
-    def __init__(self, argv: list[str], nonce: str, cwd: str | None) -> None:
-        self.path, self.nonce = argv[0], nonce
-        self.proc = _spawn(argv, cwd, stdin=True)
-        self.started_at = time.monotonic()
-
-    def up(self) -> bool:
-        """Whether hluk is still running (a poll, no wait): a guest that died while it waited
-        is not one to hand a case to."""
-        poller = select.poll()
-        poller.register(self.proc.exit_fd, self.proc.exit_events)
-        return not (poller.poll(0) and self.proc.exited())
-
-    def go(
-        self,
-        run_timeout: float,
-        startup_timeout: float,
-        cancel: threading.Event | None,
-        meanwhile: Callable[[], None],
-    ) -> RawOutcome | None:
-        """Start the case written for it, do `meanwhile` while its solution starts, and run it
-        to its end (as `run`, the start-up deadline counted from the line); None, hluk stopped,
-        when it had ended before it could take the line (nothing of the case ran)."""
-        stdin = self.proc.stdin
-        assert stdin is not None
-        try:
-            os.write(stdin, protocol.GO + b"\n")  # a pipe takes a short write whole
-        except OSError:
-            self.proc.stop()
-            return None
-        self.proc.close_stdin()  # then its input ends, as a case's from /dev/null does
-        try:
-            meanwhile()
-        except BaseException:
-            self.proc.stop()
-            raise
-        return _run_started(self.proc, self.path, self.nonce, run_timeout, startup_timeout, cancel)
-
-    def stop(self) -> None:
-        """End it, unused (once): nothing of its group outlives the call."""
-        self.proc.stop()
-
-    def forget(self) -> None:
-        """In a forked child, which must not end its parent's hluk: close the child's copies of
-        its descriptors."""
-        proc = self.proc
-        for fd in (proc.stdout, proc.stderr, proc.stdin, proc.exit_fd):
-            if fd is not None and fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
 
 
 class _Deadlines:
@@ -352,7 +229,7 @@ class _Pipes:
     __slots__ = ("console", "exited", "poller", "proc", "reading", "stderr", "unwritten")
 
     def __init__(
-        self, proc: spawn.Process, console: Console, stderr: _Tail, request: bytes = b""
+        self, proc: spawn.Process, console: Console, stderr: Tail, request: bytes = b""
     ) -> None:
         self.proc = proc
         self.console = console
@@ -442,7 +319,7 @@ class _Watched:
             and not (self.console.last or self.exited)
         )
 
-    def outcome(self, path: str, status: int | None, stderr: _Tail) -> RawOutcome:
+    def outcome(self, path: str, status: int | None, stderr: Tail) -> RawOutcome:
         """What the run produced; `status` hluk's exit status once it was stopped (None while
         it runs on: a notebook's report is whole and its guest waits for the next call)."""
         proc, console, stopped, deadlines = self.proc, self.console, self.stopped, self.deadlines
@@ -474,10 +351,10 @@ class _Watched:
         )
 
 
-def _watch(
+def watch(
     proc: spawn.Process,
     console: Console,
-    stderr: _Tail,
+    stderr: Tail,
     run_timeout: float,
     startup_timeout: float,
     cancel: threading.Event | None = None,
@@ -523,95 +400,6 @@ def _read_until_over(
         if console.refusal is not None:
             return None
     return None
-
-
-class NotebookProcess:
-    """A hluk whose guest runs calls read from its stdin (``runner.notebook``), one after
-    another, each reported on the console as a case is. Its watch per call is a case's
-    (``_watch``), which writes the call's request to hluk's stdin as the guest reads it; it
-    stays up between calls, and is stopped by the first call that does not end with a whole
-    report and the guest still running.
-
-    Its calls are made by one thread at a time, its owner's; `stop` may come from any thread.
-    Its state (alive, stopped) changes under its lock, as CPython guards a Popen's wait
-    (``subprocess.Popen._waitpid_lock``): of two threads ending it, one kills and reaps it, and
-    the other returns once that is done, with the same status."""
-
-    # The largest request a call takes (protocol.request_lines: code of about 768 KiB). It is
-    # written as the guest reads it, through a pipe of one page.
-    capacity = 1024 * 1024
-
-    def __init__(self, argv: list[str]) -> None:
-        self.path = argv[0]
-        self.proc = _spawn(argv, None, stdin=True)
-        self.stderr = _Tail(HLUK_STDERR_LIMIT)
-        self._lock = threading.Lock()
-        self._alive = True
-        assert self.proc.stdin is not None
-        os.set_blocking(self.proc.stdin, False)
-
-    @property
-    def alive(self) -> bool:
-        """Whether it is up: not stopped yet."""
-        return self._alive
-
-    def ready(
-        self,
-        nonce: str,
-        startup_timeout: float,
-        cancel: threading.Event | None = None,
-        stall_timeout: float | None = None,
-    ) -> RawOutcome:
-        """Wait for the guest's report that it is ready (the notebook's nonce): finished when
-        it is, and the process is stopped when it is not."""
-        return self._watch(Console(nonce), math.inf, startup_timeout, cancel, stall_timeout)
-
-    def call(
-        self, nonce: str, request: bytes, run_timeout: float, cancel: threading.Event | None
-    ) -> RawOutcome:
-        """Hand the guest one request (protocol.request_lines, at most `capacity` bytes) and
-        watch for its report. A call whose code does not start within `run_timeout` (the guest
-        did not read it all: the notebook's earlier code keeps the guest busy) has timed out, as
-        one that runs past it."""
-        assert self.alive
-        outcome = self._watch(Console(nonce), run_timeout, run_timeout, cancel, None, request)
-        if outcome.ending is Ending.STARTUP_TIMEOUT:
-            outcome = dataclasses.replace(outcome, ending=Ending.TIMED_OUT, started=True)
-        return outcome
-
-    def _watch(
-        self,
-        console: Console,
-        run_timeout: float,
-        startup_timeout: float,
-        cancel: threading.Event | None,
-        stall_timeout: float | None,
-        request: bytes = b"",
-    ) -> RawOutcome:
-        try:
-            watched = _watch(
-                self.proc,
-                console,
-                self.stderr,
-                run_timeout,
-                startup_timeout,
-                cancel,
-                stall_timeout,
-                until_done=True,
-                request=request,
-            )
-        except BaseException:
-            self.stop()
-            raise
-        if watched.guest_waits:
-            return watched.outcome(self.path, None, self.stderr)
-        return watched.outcome(self.path, self.stop(), self.stderr)
-
-    def stop(self) -> int | None:
-        """End it (once): nothing of its group outlives the call."""
-        with self._lock:
-            self._alive = False
-            return self.proc.stop()
 
 
 def _decide(

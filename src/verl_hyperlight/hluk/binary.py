@@ -1,0 +1,64 @@
+"""The hluk executable: which one runs (HLUK_PATH, else the one on PATH), and whether it is
+one this package drives (its --version, 0.19.0 or later)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import secrets
+import shutil
+
+from .. import diagnosis, settings
+from ..outcome import Ending, RawOutcome
+from .watch import run
+
+MINIMUM_VERSION = (0, 19, 0)
+VERSION_TIMEOUT_SECONDS = 30.0
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?")
+
+
+def hluk_path() -> str:
+    """The hluk to run: HLUK_PATH, else the one on PATH (absolute either way)."""
+    chosen = settings.HLUK_PATH.value()
+    if chosen is not None:
+        return os.path.abspath(chosen)
+    found = shutil.which("hluk")
+    if found is None:
+        raise diagnosis.not_on_path()
+    return os.path.abspath(found)
+
+
+def run_to_exit(argv: list[str], timeout: float) -> RawOutcome:
+    """Run hluk for something other than a case (--version): until it exits, or `timeout`
+    (ending STARTUP_TIMEOUT). What it printed on its console is in ``preamble``."""
+    # A nonce no output contains: the run is never "started", so `timeout` bounds all of it.
+    return run(argv, secrets.token_hex(16), math.inf, timeout)
+
+
+def parse_version(text: str) -> tuple[tuple[int, ...], str] | None:
+    """hluk's version in `text`, as a key that orders it (a pre-release sorts before its
+    release, as semantic versioning orders them) and as written."""
+    match = _VERSION.search(text)
+    if match is None:
+        return None
+    release = tuple(int(part) for part in match.groups()[:3])
+    return (*release, 0 if match.group(4) else 1), match.group(0)
+
+
+def check_version(path: str) -> str:
+    """Run `hluk --version` and refuse a hluk older than 0.19.0; returns the version."""
+    done = run_to_exit([path, "--version"], VERSION_TIMEOUT_SECONDS)
+    if done.ending is Ending.STARTUP_TIMEOUT:
+        raise diagnosis.version_unanswered(path, VERSION_TIMEOUT_SECONDS)
+    if done.ending is Ending.KILLED:
+        raise diagnosis.failure(done, path)
+    text = done.preamble.decode(errors="replace").strip()
+    version = parse_version(text)
+    if done.hluk_status != 0 or version is None:
+        printed = done.hluk_status == 0
+        raise diagnosis.version_failed(path, done.hluk_error or text or done.hluk_stderr, printed)
+    key, written = version
+    if key < (*MINIMUM_VERSION, 1):
+        raise diagnosis.too_old(path, written, key[3] == 0, MINIMUM_VERSION)
+    return written
