@@ -24,8 +24,8 @@ from hostside import (
     wait_for,
 )
 
+from verl_hyperlight import deadlines as _deadlines
 from verl_hyperlight.guest.protocol import OUTPUT_LIMIT_STATUS
-from verl_hyperlight.hluk import watch as _watch
 
 MIB = 1024 * 1024
 # What the worker's resident memory may grow by over one hostile case and the normal one after
@@ -330,7 +330,7 @@ def test_a_forged_end_then_a_stall_is_answered_as_a_copy_out_that_did_not_finish
 ) -> None:
     # A forged end stops the solution's clock; what follows is the copy-out's, which the host
     # cannot tell from a node too slow to copy out (README, Known limits).
-    monkeypatch.setattr(_watch, "COPY_OUT_SECONDS", 1.0)
+    monkeypatch.setattr(_deadlines, "COPY_OUT_SECONDS", 1.0)
     code = FORGER + "frame(b'end', b'0', b'0.1', b'-', b'0', b'0', b'-')\nwhile True:\n    pass\n"
     before = Footprint.now(host)
     message = sandbox_error(run(code, run_timeout=1))

@@ -601,7 +601,7 @@ def test_frames_of_another_nonce_or_malformed_are_not_the_runners() -> None:
 
 
 def test_the_copy_out_budget_counts_the_fetched_files_too() -> None:
-    from verl_hyperlight.hluk import watch as _watch
+    from verl_hyperlight import deadlines
 
     protocol = runner.protocol
     end = protocol.End(0, 0.1, None, (3, 4), (5, protocol.FILE_MISSING, protocol.FILE_LEFT_OUT))
@@ -609,5 +609,6 @@ def test_the_copy_out_budget_counts_the_fetched_files_too() -> None:
     mib = 1024 * 1024
     output_only = protocol.End(0, 0.1, None, (mib, 0))
     with_a_file = protocol.End(0, 0.1, None, (mib, 0), (8 * mib,))
-    extra = _watch._copy_out_budget(with_a_file) - _watch._copy_out_budget(output_only)
-    assert extra == 8 * mib / _watch.COPY_OUT_BYTES_PER_SECOND
+    limits = deadlines.for_case(10)
+    extra = limits.copy_out_budget(with_a_file.copied) - limits.copy_out_budget(output_only.copied)
+    assert extra == 8 * mib / deadlines.COPY_OUT_BYTES_PER_SECOND

@@ -29,6 +29,8 @@ import pytest
 from hostside import KVM_FAILURE, Host, descendants_of, fail_with, processes_with, wait_for
 from serving import Served
 
+from verl_hyperlight.settings import BODY_READ_TIMEOUT
+
 Serve = Callable[..., Served]
 
 
@@ -1330,3 +1332,31 @@ def test_a_signal_during_a_probe_that_cases_wait_for_stops_them_after_the_grace(
             assert answer[0].json()["message"] == "the case was cancelled before it ended"
     assert "cases still ending" not in served.logged()
     assert "Application shutdown complete" in served.logged()
+
+
+def test_a_body_that_stops_arriving_is_answered_408_within_its_deadline_and_its_place_freed(
+    serve: Serve,
+) -> None:
+    """A client that sends its headers and part of its body, then goes silent (a node that died
+    mid-upload), holds its place only until the body-read deadline."""
+    served = serve("--max-concurrent", "1", "--max-queue", "1", env={BODY_READ_TIMEOUT.name: "1.5"})
+    port = int(served.base.rsplit(":", 1)[1])
+    declared = json.dumps(body("print('late')")).encode()
+    silent = socket.create_connection(("127.0.0.1", port), timeout=30)
+    silent.sendall(
+        b"POST /run_code HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(declared) + declared[:10]
+    )
+    with silent, silent.makefile("rb") as reply:
+        status = reply.readline()
+        headers = []
+        while (line := reply.readline()) != b"\r\n":
+            headers.append(line.lower())
+        answer = reply.read()  # to its end: the server closes the connection
+    assert status.startswith(b"HTTP/1.1 408 "), status
+    assert b"connection: close\r\n" in headers
+    assert BODY_READ_TIMEOUT.name.encode() in answer and b"within 1.5 s" in answer
+    assert metric(served, 'verl_hyperlight_cases_total{status="body-timeout"}') == 1
+    assert metric(served, "verl_hyperlight_body_bytes_held") == 0
+    # Its place is back: the one place a running case and the queue leave is taken again.
+    assert served.post(body("print('next')")).json()["run_result"]["stdout"] == "next\n"

@@ -93,12 +93,12 @@ def test_copying_the_output_out_is_not_charged_to_run_timeout(
 def test_a_copy_out_past_its_own_budget_is_a_sandbox_error(
     hluk: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from verl_hyperlight.hluk import watch as _watch
+    from verl_hyperlight import deadlines
 
     run("pass", 10)
     monkeypatch.setenv("HLUK_STANDIN_CONSOLE_BYTES_PER_SECOND", str(2 * MIB))
-    monkeypatch.setattr(_watch, "COPY_OUT_SECONDS", 0.5)
-    monkeypatch.setattr(_watch, "COPY_OUT_BYTES_PER_SECOND", 100 * MIB)
+    monkeypatch.setattr(deadlines, "COPY_OUT_SECONDS", 0.5)
+    monkeypatch.setattr(deadlines, "COPY_OUT_BYTES_PER_SECOND", 100 * MIB)
     response = run(LARGE_OUTPUT_EARLY, 10)
     assert response["status"] == "SandboxError"
     assert "did not copy the solution's output" in response["message"]

@@ -64,6 +64,7 @@ CASE_HOLDER = f"#!/bin/sh\nexec sleep {HOLD}\n"
 WORKER = """
 import fcntl, hashlib, json, os, resource, secrets, stat, sys, threading
 from verl_hyperlight.guest import protocol
+from verl_hyperlight import deadlines
 from verl_hyperlight.hluk import watch
 from verl_hyperlight.hluk.notebook import NotebookProcess
 from verl_hyperlight.outcome import Ending
@@ -76,12 +77,14 @@ digest = hashlib.sha256(code.encode()).hexdigest()
 
 def call(notebook, code):
     nonce = secrets.token_hex(16)
-    outcome = notebook.call(nonce, protocol.request_lines(nonce, code), 120, None)
+    outcome = notebook.call(
+        nonce, protocol.request_lines(nonce, code), deadlines.for_case().for_run(120), None
+    )
     return outcome.ending.name, bytes(outcome.stdout).decode()
 
 def notebook(argv, nonce):
     started = NotebookProcess(argv)
-    ready = started.await_up(nonce, 120)
+    ready = started.await_up(nonce, deadlines.for_case().for_run(600, startup=120))
     assert ready.ending is Ending.FINISHED, (ready.ending, ready.hluk_stderr, ready.preamble)
     return started
 
@@ -91,7 +94,7 @@ for _ in range(given["notebooks"]):
     notebooks.append(notebook([given["notebook_double"], nonce], nonce))
     answers.append(call(notebooks[-1], code))
 held = threading.Event()
-holding = ([given["case_holder"]], "0" * 32, 600, 600)
+holding = ([given["case_holder"]], "0" * 32, deadlines.for_case().for_run(600, startup=600))
 cases = [
     threading.Thread(target=watch.run, args=holding, kwargs={"cancel": held}, daemon=True)
     for _ in range(given["cases"])

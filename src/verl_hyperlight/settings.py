@@ -137,6 +137,13 @@ WARM_UP_TIMEOUT = _seconds(
     900.0,
     "Seconds a warm-up (an image pull and the warm snapshot) may take in all.",
 )
+BODY_READ_TIMEOUT = _seconds(
+    "VERL_HYPERLIGHT_BODY_READ_TIMEOUT",
+    60.0,
+    "Seconds `serve` gives a request's body to arrive whole, from the request's start (a body "
+    "of 64 MiB needs 1.1 MiB/s); past it the request is answered HTTP 408 and its connection "
+    "closed.",
+)
 # The default most ready guests a worker keeps for one guest (see case/ready.py).
 READY_GUESTS_DEFAULT = 8
 READY_GUESTS = Setting(
@@ -265,6 +272,7 @@ ALL: tuple[Setting[Any], ...] = (
     WARM_UP_TIMEOUT,
     READY_GUESTS,
     READY_IDLE,
+    BODY_READ_TIMEOUT,
     HLUK_ENV,
     SPAWN,
     CASE_DIR,

@@ -15,7 +15,7 @@ import secrets
 import threading
 from typing import Any
 
-from .. import diagnosis, settings
+from .. import deadlines, diagnosis
 from ..case import api, cluster, gate
 from ..case.guests import Guest, guest_for, notebook_code
 from ..case.response import Response, response_for
@@ -66,23 +66,24 @@ class Notebook:
                 f"code is {len(data)} bytes: a notebook call takes at most about "
                 f"{self.process.capacity * 3 // 4 // 1024} KiB"
             )
-        outcome = self.process.call(nonce, request, run_timeout, cancel)
+        limits = deadlines.for_case(run_timeout)
+        outcome = self.process.call(nonce, request, limits, cancel)
         if outcome.verdict is Verdict.BACKEND_BEFORE_START and self.calls:
             # Its guest had ended since its last call (a thread of an earlier call ended
             # it): nothing of this call ran, so it runs in a new notebook.
             self._start(path, cancel)
             assert self.process is not None
-            outcome = self.process.call(nonce, request, run_timeout, cancel)
+            outcome = self.process.call(nonce, request, limits, cancel)
         self.calls += 1
         return response_for(outcome, path, run_timeout)
 
     def _start(self, path: str, cancel: threading.Event | None) -> None:
-        startup_timeout = settings.STARTUP_TIMEOUT.value()
+        limits = deadlines.for_case()
         started: list[NotebookProcess] = []
 
         def start(argv: list[str], nonce: str) -> RawOutcome:
             process = NotebookProcess(argv)
-            outcome = process.await_up(nonce, startup_timeout, cancel)
+            outcome = process.await_up(nonce, limits, cancel)
             if outcome.ending is Ending.FINISHED and process.alive:
                 started.append(process)
             return outcome
@@ -91,7 +92,7 @@ class Notebook:
             path,
             self.guest,
             lambda _: gate.fresh_run(path, self.guest, notebook_code, start),
-            startup_timeout,
+            limits,
             START_CANCELLED,
             cancel=cancel,
         )

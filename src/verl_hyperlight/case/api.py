@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
-from .. import settings
+from .. import deadlines
 from ..errors import BackendError, CauseCounts, InvalidRequest, Refused
 from ..guest import protocol
 from ..hluk import watch
@@ -191,7 +191,7 @@ def _validate(
 def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response:
     """Run `case` through its gate: in one of its guest's ready guests, or in a micro-VM
     started for it, whose case directory is made once, for its retry too."""
-    startup_timeout = settings.STARTUP_TIMEOUT.value()
+    limits = deadlines.for_case(case.run_timeout)
     files = casedir.files_of(case.code, case.stdin, case.files, case.fetch)
     made: list[casedir.CaseDir] = []
 
@@ -202,13 +202,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
 
         def run(argv: list[str], nonce: str) -> RawOutcome:
             return watch.run(
-                argv,
-                nonce,
-                case.run_timeout,
-                startup_timeout,
-                cwd=case_dir.parent,
-                cancel=cancel,
-                meanwhile=meanwhile,
+                argv, nonce, limits, cwd=case_dir.parent, cancel=cancel, meanwhile=meanwhile
             )
 
         return gate.fresh_run(
@@ -220,11 +214,11 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
         )
 
     def attempt(found: gate.Gate) -> RawOutcome:
-        return found.ready_guests.run_case(files, case.run_timeout, startup_timeout, cancel, own)
+        return found.ready_guests.run_case(files, limits, cancel, own)
 
     try:
         outcome = gate.run_through_gate(
-            path, case.guest, attempt, startup_timeout, CASE_CANCELLED, cancel=cancel
+            path, case.guest, attempt, limits, CASE_CANCELLED, cancel=cancel
         )
         return response_for(outcome, path, case.run_timeout, case.fetch)
     finally:

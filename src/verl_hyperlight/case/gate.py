@@ -22,7 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .. import diagnosis, settings
+from .. import deadlines, diagnosis
+from ..deadlines import Deadlines
 from ..errors import (
     ZEROES_REWARDS,
     BackendError,
@@ -137,18 +138,18 @@ class Gate:
     def run_case(
         self,
         attempt: Callable[[], RawOutcome],
-        startup_timeout: float,
+        limits: Deadlines,
         cancel: threading.Event | None = None,
     ) -> RawOutcome:
         """Run one case's hluk run, `attempt`, through the gate: pass it first (BackendError,
         at once while it is open), report what the run showed, and run it once more when it
         failed before the guest started (nothing of the solution ran), after the probe that
-        such a failure calls for. The last run's outcome; Cancelled when `cancel` is set while
-        the case waits for a probe."""
-        outcome = self._attempt(attempt, startup_timeout, cancel)
+        such a failure calls for (held to the case's start-up deadline, `limits`). The last
+        run's outcome; Cancelled when `cancel` is set while the case waits for a probe."""
+        outcome = self._attempt(attempt, limits, cancel)
         if outcome.verdict is Verdict.BACKEND_BEFORE_START:
             self._retrying(diagnosis.failure(outcome, self.path))
-            outcome = self._attempt(attempt, startup_timeout, cancel)
+            outcome = self._attempt(attempt, limits, cancel)
         return outcome
 
     def _retrying(self, failure: BackendError) -> None:
@@ -168,27 +169,27 @@ class Gate:
                 failure,
             )
 
-    def ensure_ready(self, startup_timeout: float | None = None) -> Warmth | None:
+    def ensure_ready(self) -> Warmth | None:
         """Return once the guest is warm (what a probe found, or None when nothing changed since
         it was last seen warm); BackendError if it cannot be, at once while the gate is open.
-        For a readiness check (serve, doctor, `warm-up`): not counted as a case answered at once.
-        `startup_timeout` bounds a probe of a guest seen warm before whose cache is untouched
-        (None: VERL_HYPERLIGHT_STARTUP_TIMEOUT, as for cases)."""
-        return self._pass(startup_timeout, case=False, cancel=None)
+        For a readiness check (serve, doctor, `warm-up`): not counted as a case answered at once;
+        a probe of a guest seen warm before whose cache is untouched is held to the start-up
+        deadline of the settings, as a case's."""
+        return self._pass(None, case=False, cancel=None)
 
     def _attempt(
         self,
         attempt: Callable[[], RawOutcome],
-        startup_timeout: float,
+        limits: Deadlines,
         cancel: threading.Event | None,
     ) -> RawOutcome:
-        self._pass(startup_timeout, case=True, cancel=cancel)
+        self._pass(limits, case=True, cancel=cancel)
         outcome = attempt()
         self._record_run(outcome.verdict)
         return outcome
 
     def _pass(
-        self, startup_timeout: float | None, case: bool, cancel: threading.Event | None
+        self, limits: Deadlines | None, case: bool, cancel: threading.Event | None
     ) -> Warmth | None:
         while True:
             # The clock, and hluk's cache where it decides (a closed gate, seen as a hint: the
@@ -214,9 +215,7 @@ class Gate:
                 # A guest seen warm whose cache is untouched needs a restore, not a pull and a
                 # boot: held to the start-up deadline, not the warm-up's.
                 self._start(
-                    probe,
-                    startup_timeout,
-                    seen is not None and seen == snapshots.state(self.watched),
+                    probe, limits, seen is not None and seen == snapshots.state(self.watched)
                 )
             self._wait_for(probe, cancel)
             if step is _Step.WAIT:
@@ -259,14 +258,14 @@ class Gate:
         self._move(State.PROBING)
         return _Step.PROBE
 
-    def _start(self, probe: _Probe, startup_timeout: float | None, restore: bool) -> None:
+    def _start(self, probe: _Probe, limits: Deadlines | None, restore: bool) -> None:
         """Start `probe`, the one `_admit` chose this thread for, in a thread of its own: a
         daemon, as a warm-up (a pull, a boot: up to 900 s) must never hold the process when it
         exits."""
         try:
             threading.Thread(
                 target=self._probe,
-                args=(probe, startup_timeout, restore),
+                args=(probe, limits, restore),
                 name=f"verl-hyperlight-probe-{self.guest.image.label}",
                 daemon=True,
             ).start()
@@ -274,14 +273,14 @@ class Gate:
             self._ended(probe, exc)
             raise
 
-    def _probe(self, probe: _Probe, startup_timeout: float | None, restore: bool) -> None:
-        """Run `probe` (in its own thread, outside the lock), record it, and wake who waits."""
+    def _probe(self, probe: _Probe, limits: Deadlines | None, restore: bool) -> None:
+        """Run `probe` (in its own thread, outside the lock), record it, and wake who waits: a
+        restore is held to the start-up deadline of `limits` (else of the settings now)."""
         try:
-            if restore and startup_timeout is None:
-                startup_timeout = settings.STARTUP_TIMEOUT.value()
-            warmth = warm_up(
-                self.path, self.guest, startup_timeout if restore else None, probe.cancel
-            )
+            restore_within = None
+            if restore:
+                restore_within = (limits or deadlines.for_case()).startup
+            warmth = warm_up(self.path, self.guest, restore_within, probe.cancel)
         except BackendError as failure:
             with self._lock:
                 self._record_probe_failure(failure)
@@ -431,10 +430,10 @@ def gate(path: str, guest: Guest) -> Gate:
         return found
 
 
-def ensure_ready(path: str, guest: Guest, startup_timeout: float | None = None) -> Warmth | None:
+def ensure_ready(path: str, guest: Guest) -> Warmth | None:
     """Return once `guest` is warm on this node (see Gate.ensure_ready): a readiness check,
     never counted as a case."""
-    return gate(path, guest).ensure_ready(startup_timeout)
+    return gate(path, guest).ensure_ready()
 
 
 def forget() -> None:
@@ -449,7 +448,7 @@ def run_through_gate(
     path: str,
     guest: Guest,
     attempt: Callable[[Gate], RawOutcome],
-    startup_timeout: float,
+    limits: Deadlines,
     cancelled: str,
     cancel: threading.Event | None = None,
 ) -> RawOutcome:
@@ -459,7 +458,7 @@ def run_through_gate(
     its runs are given too), whether it was running or waiting to."""
     found = gate(path, guest)
     try:
-        outcome = found.run_case(lambda: attempt(found), startup_timeout, cancel)
+        outcome = found.run_case(lambda: attempt(found), limits, cancel)
     except Cancelled:
         raise Refused(cancelled) from None
     if outcome.verdict is Verdict.CANCELLED:

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import settings
+from ..deadlines import Deadlines
 from ..errors import BackendError, CauseCounts
 from ..hluk.ahead import AheadProcess
 from ..outcome import Ending, RawOutcome, Verdict
@@ -126,8 +127,7 @@ class ReadyGuests:
     def run_case(
         self,
         files: list[tuple[str, bytes]],
-        run_timeout: float,
-        startup_timeout: float,
+        limits: Deadlines,
         cancel: threading.Event | None,
         own: Callable[[Callable[[], None]], RawOutcome],
     ) -> RawOutcome:
@@ -147,7 +147,7 @@ class ReadyGuests:
             self._start_more(generation, limit)
 
         try:
-            outcome = self._run_in_one(files, run_timeout, startup_timeout, cancel, start_more)
+            outcome = self._run_in_one(files, limits, cancel, start_more)
             # None: none was ready, or the one taken ended before its line (nothing of the
             # case ran in it, and nothing is charged to the case).
             return own(start_more) if outcome is None else outcome
@@ -158,8 +158,7 @@ class ReadyGuests:
     def _run_in_one(
         self,
         files: list[tuple[str, bytes]],
-        run_timeout: float,
-        startup_timeout: float,
+        limits: Deadlines,
         cancel: threading.Event | None,
         start_more: Callable[[], None],
     ) -> RawOutcome | None:
@@ -172,7 +171,7 @@ class ReadyGuests:
             taken.process.stop()  # its directory was removed with what was written
             return None
         try:
-            outcome = taken.process.go(run_timeout, startup_timeout, cancel, start_more)
+            outcome = taken.process.go(limits, cancel, start_more)
         finally:
             filled.remove()
         if outcome is not None and _ended_unstarted(outcome):

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from .. import diagnosis, settings
+from .. import deadlines, diagnosis, settings
+from ..deadlines import Deadlines
 from ..errors import Cancelled
 from ..hluk import watch
 from ..hluk.binary import check_version
@@ -28,8 +29,6 @@ from ..outcome import Ending, RawOutcome
 from .guests import Guest, hluk_argv, probe_code
 
 logger = logging.getLogger("verl_hyperlight")
-
-PROBE_RUN_TIMEOUT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -84,23 +83,10 @@ def _acquire(lock: FileLock | _Unlocked, cancel: threading.Event) -> None:
             raise diagnosis.cache_unusable(Path(settings.hluk_cache_directory()), exc) from None
 
 
-def _probe(
-    path: str,
-    guest: Guest,
-    startup_timeout: float,
-    stall_timeout: float | None,
-    cancel: threading.Event,
-) -> RawOutcome:
+def _probe(path: str, guest: Guest, limits: Deadlines, cancel: threading.Event) -> RawOutcome:
     nonce = secrets.token_hex(16)
     argv = hluk_argv(path, guest, probe_code(nonce), log_level="info")
-    return watch.run(
-        argv,
-        nonce,
-        PROBE_RUN_TIMEOUT_SECONDS,
-        startup_timeout,
-        cancel=cancel,
-        stall_timeout=stall_timeout,
-    )
+    return watch.run(argv, nonce, limits, cancel=cancel)
 
 
 def warm_up(
@@ -110,31 +96,27 @@ def warm_up(
     else judged by its progress (a pull and a boot): hung once hluk writes nothing for the
     start-up deadline outside a pull it announced, and held to the warm-up's deadline in all.
     Cancelled, its hluk killed, once `cancel` is set."""
-    warm_up_timeout = settings.WARM_UP_TIMEOUT.value()
-    startup_timeout = warm_up_timeout if restore_within is None else restore_within
-    stall_timeout = None
-    if restore_within is None:
-        stall_timeout = settings.STARTUP_TIMEOUT.value()
+    limits = deadlines.for_warm_up(restore_within)
     check_version(path)
     lock = _lock()
     _acquire(lock, cancel)
     try:
         started = time.monotonic()
-        outcome = _probe(path, guest, startup_timeout, stall_timeout, cancel)
+        outcome = _probe(path, guest, limits, cancel)
         if outcome.ending in (Ending.NOT_STARTED, Ending.KILLED):
             # As a case is: a case of another process that cold-booted at that moment (its
             # view of the cache was stale) may have removed the snapshot being written.
-            outcome = _probe(path, guest, startup_timeout, stall_timeout, cancel)
+            outcome = _probe(path, guest, limits, cancel)
     finally:
         lock.release()
     if outcome.ending is Ending.CANCELLED:
         raise Cancelled(f"the probe of {guest.image.label} was cancelled: nobody waits for it")
     seconds = time.monotonic() - started
     if outcome.ending is Ending.STARTUP_TIMEOUT:
-        if stall_timeout is not None and outcome.limit == stall_timeout:
-            raise diagnosis.warm_up_stalled(guest.image.label, stall_timeout)
+        if limits.stall is not None and outcome.limit == limits.stall:
+            raise diagnosis.warm_up_stalled(guest.image.label, limits.stall)
         if restore_within is None:
-            raise diagnosis.warm_up_timeout(guest.image.label, warm_up_timeout)
+            raise diagnosis.warm_up_timeout(guest.image.label, limits.warm_up)
     if outcome.ending is not Ending.FINISHED:
         raise diagnosis.failure(outcome, path)
     if outcome.restored is False:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..deadlines import Deadlines
 from ..guest import protocol
 from ..outcome import RawOutcome
 from . import spawn
@@ -39,14 +40,13 @@ class AheadProcess:
 
     def go(
         self,
-        run_timeout: float,
-        startup_timeout: float,
+        deadlines: Deadlines,
         cancel: threading.Event | None,
         meanwhile: Callable[[], None],
     ) -> RawOutcome | None:
         """Start the case written for it, do `meanwhile` while its solution starts, and watch
-        it to its end (as a case, the start-up deadline counted from the line); None, hluk stopped,
-        when it had ended before it could take the line (nothing of the case ran)."""
+        it to its end (as a case, the start-up deadline counted from the line); None, hluk
+        stopped, when it had ended before it could take the line (nothing of the case ran)."""
         stdin = self.proc.stdin
         assert stdin is not None
         try:
@@ -60,7 +60,7 @@ class AheadProcess:
         except BaseException:
             self.proc.stop()
             raise
-        return run_started(self.proc, self.path, self.nonce, run_timeout, startup_timeout, cancel)
+        return run_started(self.proc, self.path, self.nonce, deadlines, cancel)
 
     def stop(self) -> None:
         """End it, unused (once): nothing of its group outlives the call."""

@@ -3,13 +3,12 @@ one this package drives (its --version, 0.19.0 or later)."""
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import secrets
 import shutil
 
-from .. import diagnosis, settings
+from .. import deadlines, diagnosis, settings
 from ..outcome import Ending, RawOutcome
 from .watch import run
 
@@ -33,7 +32,7 @@ def run_to_exit(argv: list[str], timeout: float) -> RawOutcome:
     """Run hluk for something other than a case (--version): until it exits, or `timeout`
     (ending STARTUP_TIMEOUT). What it printed on its console is in ``preamble``."""
     # A nonce no output contains: the run is never "started", so `timeout` bounds all of it.
-    return run(argv, secrets.token_hex(16), math.inf, timeout)
+    return run(argv, secrets.token_hex(16), deadlines.only(timeout))
 
 
 def parse_version(text: str) -> tuple[tuple[int, ...], str] | None:

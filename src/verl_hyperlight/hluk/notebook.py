@@ -8,6 +8,7 @@ import math
 import os
 import threading
 
+from ..deadlines import Deadlines
 from ..outcome import Ending, RawOutcome
 from . import spawn
 from .console import Console
@@ -45,36 +46,31 @@ class NotebookProcess:
         return self._alive
 
     def await_up(
-        self,
-        nonce: str,
-        startup_timeout: float,
-        cancel: threading.Event | None = None,
-        stall_timeout: float | None = None,
+        self, nonce: str, deadlines: Deadlines, cancel: threading.Event | None = None
     ) -> RawOutcome:
-        """Wait for the guest's report that it is ready (the notebook's nonce): finished when
-        it is, and the process is stopped when it is not."""
-        return self.watch(Console(nonce), math.inf, startup_timeout, cancel, stall_timeout)
+        """Wait, within `deadlines.startup`, for the guest's report that it is up (the
+        notebook's nonce): finished when it is, and the process is stopped when it is not."""
+        return self._watch(Console(nonce), deadlines.for_run(math.inf), cancel)
 
     def call(
-        self, nonce: str, request: bytes, run_timeout: float, cancel: threading.Event | None
+        self, nonce: str, request: bytes, deadlines: Deadlines, cancel: threading.Event | None
     ) -> RawOutcome:
         """Hand the guest one request (protocol.request_lines, at most `capacity` bytes) and
-        watch for its report. A call whose code does not start within `run_timeout` (the guest
-        did not read it all: the notebook's earlier code keeps the guest busy) has timed out, as
-        one that runs past it."""
+        watch for its report. A call whose code does not start within its run's deadline (the
+        guest did not read it all: the notebook's earlier code keeps the guest busy) has timed
+        out, as one that runs past it."""
         assert self.alive
-        outcome = self.watch(Console(nonce), run_timeout, run_timeout, cancel, None, request)
+        call = deadlines.for_run(deadlines.run, startup=deadlines.run)
+        outcome = self._watch(Console(nonce), call, cancel, request)
         if outcome.ending is Ending.STARTUP_TIMEOUT:
             outcome = dataclasses.replace(outcome, ending=Ending.TIMED_OUT, started=True)
         return outcome
 
-    def watch(
+    def _watch(
         self,
         console: Console,
-        run_timeout: float,
-        startup_timeout: float,
+        deadlines: Deadlines,
         cancel: threading.Event | None,
-        stall_timeout: float | None,
         request: bytes = b"",
     ) -> RawOutcome:
         try:
@@ -82,10 +78,8 @@ class NotebookProcess:
                 self.proc,
                 console,
                 self.stderr,
-                run_timeout,
-                startup_timeout,
+                deadlines,
                 cancel,
-                stall_timeout,
                 until_done=True,
                 request=request,
             )

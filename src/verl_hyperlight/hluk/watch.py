@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from .. import diagnosis
+from ..deadlines import Deadlines
 from ..guest import protocol
 from ..outcome import GUEST_EXIT, Ending, RawOutcome
 from . import spawn
@@ -31,18 +32,6 @@ from .console import READ_SIZE, Console
 CONSOLE_LIMIT = 2 * (protocol.OUTPUT_LIMIT * 4 // 3) + (1 << 20)
 # Of hluk's stderr, the end is kept: its decisive `error:` line comes last.
 HLUK_STDERR_LIMIT = 64 * 1024
-# Copying the output out after the solution ended has a budget of its own, never run_timeout:
-# this long, and a second more per MiB announced (at most 58 s for two full streams and the
-# fetched files' 16 MiB).
-COPY_OUT_SECONDS = 10.0
-COPY_OUT_BYTES_PER_SECOND = 1024 * 1024
-# After the runner's report hluk only has to tear the VM down.
-EXIT_GRACE_SECONDS = 10.0
-# Once hluk has exited, what is left in its pipes is read for this long; a descendant that
-# kept them open (a wrapper that did not exec) is not waited for.
-DRAIN_SECONDS = 1.0
-# Once its pipes have ended, how long hluk's exit is waited for before it is killed.
-EXIT_NOTICE_SECONDS = 0.1
 # How often a case's `cancel` is looked at.
 CANCEL_POLL_SECONDS = 0.2
 
@@ -97,26 +86,20 @@ def final_error(stderr: str) -> str:
     return ""
 
 
-def _copy_out_budget(end: protocol.End) -> float:
-    return COPY_OUT_SECONDS + end.copied / COPY_OUT_BYTES_PER_SECOND
-
-
 def run(
     argv: list[str],
     nonce: str,
-    run_timeout: float,
-    startup_timeout: float,
+    deadlines: Deadlines,
     cwd: str | None = None,
     cancel: threading.Event | None = None,
-    stall_timeout: float | None = None,
     meanwhile: Callable[[], None] | None = None,
 ) -> RawOutcome:
-    """Run hluk with `argv` (in `cwd`) until the runner reports the case done, the solution
-    exceeds `run_timeout` (counted from its start in the guest to its end, never the copy-out),
-    nothing starts within `startup_timeout`, or `cancel` is set. With `stall_timeout`, hluk
-    must also show progress before the start: a run that writes nothing for that long, other
-    than during an image pull it announced, is stopped as not started in time. `meanwhile` is
-    done once hluk is started, while it starts the guest."""
+    """Run hluk with `argv` (in `cwd`) until the runner reports the case done, a phase passes
+    its deadline (the start-up, the solution's run counted from its start in the guest to its
+    end, the copy-out; with `deadlines.stall`, hluk must also show progress before the start:
+    a run that writes nothing for that long, other than during an image pull it announced, is
+    stopped as not started in time), or `cancel` is set. `meanwhile` is done once hluk is
+    started, while it starts the guest."""
     proc = spawn.start(argv, cwd)
     if meanwhile is not None:
         try:
@@ -124,58 +107,51 @@ def run(
         except BaseException:
             proc.stop()
             raise
-    return run_started(proc, argv[0], nonce, run_timeout, startup_timeout, cancel, stall_timeout)
+    return run_started(proc, argv[0], nonce, deadlines, cancel)
 
 
 def run_started(
     proc: spawn.Process,
     path: str,
     nonce: str,
-    run_timeout: float,
-    startup_timeout: float,
+    deadlines: Deadlines,
     cancel: threading.Event | None,
-    stall_timeout: float | None = None,
 ) -> RawOutcome:
     """`run`, of a hluk started: watched from now on, and stopped at the end."""
     stderr = Tail(HLUK_STDERR_LIMIT)
     try:
-        watched = watch(
-            proc, Console(nonce), stderr, run_timeout, startup_timeout, cancel, stall_timeout
-        )
+        watched = watch(proc, Console(nonce), stderr, deadlines, cancel)
     finally:
         # Whatever ended the watch, nothing of this group outlives the call.
         status = proc.stop()
     return watched.outcome(path, status, stderr)
 
 
-class _Deadlines:
+class _Clock:
     """How long a watch waits for hluk, and what passing that means. One deadline holds at a
-    time, the phase's: the start-up (`startup_timeout` from the watch's start), the solution's
-    run (`run_timeout` from its start frame), the copy-out of its output (its own budget, from
-    its end frame), each replacing the last; `limit` is its seconds. Once hluk is ending (its
-    report whole, its pipes ended, its exit seen), the deadline is cut to what that state still
-    needs. Before the start, with `stall_timeout`, hluk must also show progress: `stall_at`
-    runs from its last output, but not through an image pull it announced (silent while it
-    progresses)."""
+    time, the phase's (`deadlines`): the start-up (from the watch's start), the solution's run
+    (from its start frame), the copy-out of its output (its own budget, from its end frame),
+    each replacing the last; `limit` is its seconds. Once hluk is ending (its report whole, its
+    pipes ended, its exit seen), the deadline is cut to what that state still needs. Before the
+    start, with `deadlines.stall`, hluk must also show progress: `stall_at` runs from its last
+    output, but not through an image pull it announced (silent while it progresses)."""
 
     # Made for every case, and read on each of its wake-ups.
     __slots__ = (
-        "at", "ended_at", "last_output", "limit", "run_timeout", "spawned", "stall_at",
-        "stall_timeout", "started_at",
+        "at", "deadlines", "ended_at", "last_output", "limit", "spawned", "stall_at",
+        "started_at",
     )  # fmt: skip
 
-    def __init__(
-        self, startup_timeout: float, run_timeout: float, stall_timeout: float | None
-    ) -> None:
+    def __init__(self, deadlines: Deadlines) -> None:
+        self.deadlines = deadlines
         self.spawned = time.monotonic()
         self.started_at: float | None = None
         self.ended_at: float | None = None
-        self.run_timeout = run_timeout
-        self.stall_timeout = stall_timeout
         self.last_output = self.spawned
-        self.limit = startup_timeout
-        self.at = self.spawned + startup_timeout
-        self.stall_at = math.inf if stall_timeout is None else self.spawned + stall_timeout
+        self.limit = deadlines.startup
+        self.at = self.spawned + deadlines.startup
+        stall = deadlines.stall
+        self.stall_at = math.inf if stall is None else self.spawned + stall
 
     def overrun(self) -> Ending:
         """The limit hluk passed, when the deadline passes while it runs on."""
@@ -190,23 +166,24 @@ class _Deadlines:
         console = pipes.console
         if output:
             self.last_output = now
+        deadlines = self.deadlines
         if self.started_at is None and console.started:
-            self.started_at, self.limit = now, self.run_timeout
-            self.at = now + self.run_timeout
+            self.started_at, self.limit = now, deadlines.run
+            self.at = now + deadlines.run
         if self.ended_at is None and console.end is not None:
             # The solution has ended: its clock stops, the copy-out has its own.
-            self.ended_at, self.limit = now, _copy_out_budget(console.end)
+            self.ended_at, self.limit = now, deadlines.copy_out_budget(console.end.copied)
             self.at = now + self.limit
         if console.done:
-            self.at = min(self.at, now + EXIT_GRACE_SECONDS)
+            self.at = min(self.at, now + deadlines.exit_grace)
         if pipes.exited:
-            self.at = min(self.at, now + DRAIN_SECONDS)
+            self.at = min(self.at, now + deadlines.drain)
         elif not pipes.reading:
             # Its pipes have ended, so its exit is on its way: cheaper waited for than
             # killed.
-            self.at = min(self.at, now + EXIT_NOTICE_SECONDS)
+            self.at = min(self.at, now + deadlines.exit_notice)
         if (
-            self.stall_timeout is None
+            deadlines.stall is None
             or self.started_at is not None
             or not pipes.reading
             or pipes.exited
@@ -214,7 +191,7 @@ class _Deadlines:
         ):
             self.stall_at = math.inf
         else:
-            self.stall_at = self.last_output + self.stall_timeout
+            self.stall_at = self.last_output + deadlines.stall
 
 
 _NOTHING = memoryview(b"")
@@ -298,14 +275,14 @@ class _Watched:
     (a notebook call's) was written whole."""
 
     # made per case
-    __slots__ = ("console", "deadlines", "exited", "proc", "stopped", "written")
+    __slots__ = ("clock", "console", "exited", "proc", "stopped", "written")
 
-    def __init__(self, pipes: _Pipes, deadlines: _Deadlines, stopped: Ending | None) -> None:
+    def __init__(self, pipes: _Pipes, clock: _Clock, stopped: Ending | None) -> None:
         self.proc = pipes.proc
         self.console = pipes.console
         self.exited = pipes.exited
         self.written = not pipes.unwritten
-        self.deadlines = deadlines
+        self.clock = clock
         self.stopped = stopped
 
     @property
@@ -322,17 +299,17 @@ class _Watched:
     def outcome(self, path: str, status: int | None, stderr: Tail) -> RawOutcome:
         """What the run produced; `status` hluk's exit status once it was stopped (None while
         it runs on: a notebook's report is whole and its guest waits for the next call)."""
-        proc, console, stopped, deadlines = self.proc, self.console, self.stopped, self.deadlines
+        proc, console, stopped, clock = self.proc, self.console, self.stopped, self.clock
         if proc.error:
             raise diagnosis.cannot_start(path, proc.error, proc.error_number)
         if proc.lost and stopped is None:
             stopped = Ending.SPAWNER_DIED
-        finished = deadlines.ended_at if deadlines.ended_at is not None else time.monotonic()
+        finished = clock.ended_at if clock.ended_at is not None else time.monotonic()
         hluk_stderr = stderr.text()
         hluk_error = final_error(hluk_stderr)
         hluk_status = None if stopped is not None else status
         restored = _RESTORED.findall(hluk_stderr)
-        began = deadlines.started_at if deadlines.started_at is not None else deadlines.spawned
+        began = clock.started_at if clock.started_at is not None else clock.spawned
         return RawOutcome(
             ending=_decide(console, stopped, hluk_status, hluk_error),
             started=console.started,
@@ -347,7 +324,7 @@ class _Watched:
             refusal=console.refusal or "",
             restored=restored[-1] == "true" if restored else None,
             host_elapsed=finished - began,
-            limit=deadlines.limit,
+            limit=clock.limit,
         )
 
 
@@ -355,10 +332,8 @@ def watch(
     proc: spawn.Process,
     console: Console,
     stderr: Tail,
-    run_timeout: float,
-    startup_timeout: float,
+    deadlines: Deadlines,
     cancel: threading.Event | None = None,
-    stall_timeout: float | None = None,
     until_done: bool = False,
     request: bytes = b"",
 ) -> _Watched:
@@ -366,33 +341,33 @@ def watch(
     `until_done`, hluk has exited), or a limit or `cancel` stops it (see run), writing
     `request` to hluk's stdin meanwhile. `until_done` leaves a notebook's hluk running once its
     report is whole."""
-    deadlines = _Deadlines(startup_timeout, run_timeout, stall_timeout)
+    clock = _Clock(deadlines)
     pipes = _Pipes(proc, console, stderr, request)
-    stopped = _read_until_over(pipes, deadlines, cancel, until_done)
-    return _Watched(pipes, deadlines, stopped)
+    stopped = _read_until_over(pipes, clock, cancel, until_done)
+    return _Watched(pipes, clock, stopped)
 
 
 def _read_until_over(
-    pipes: _Pipes, deadlines: _Deadlines, cancel: threading.Event | None, until_done: bool
+    pipes: _Pipes, clock: _Clock, cancel: threading.Event | None, until_done: bool
 ) -> Ending | None:
     """Read hluk's pipes until the watch is over; why it stops hluk, if it does."""
     console = pipes.console
     while pipes.reading or not pipes.exited:
         now = time.monotonic()
-        if now >= deadlines.at:
+        if now >= clock.at:
             # Once hluk is ending, its deadline only bounds how long its end is waited for.
-            return deadlines.overrun() if pipes.running() else None
-        if now >= deadlines.stall_at:
-            assert deadlines.stall_timeout is not None
-            deadlines.limit = deadlines.stall_timeout
+            return clock.overrun() if pipes.running() else None
+        if now >= clock.stall_at:
+            assert clock.deadlines.stall is not None
+            clock.limit = clock.deadlines.stall
             return Ending.STARTUP_TIMEOUT
         if cancel is not None and cancel.is_set():
             return Ending.CANCELLED
-        wait = min(deadlines.at, deadlines.stall_at) - now
+        wait = min(clock.at, clock.stall_at) - now
         if cancel is not None:
             wait = min(wait, CANCEL_POLL_SECONDS)
         output = pipes.read(wait)
-        deadlines.follow(time.monotonic(), pipes, output)
+        clock.follow(time.monotonic(), pipes, output)
         if console.done and (until_done or not pipes.reading):
             return None  # the whole report, and all hluk said: its exit adds nothing
         if console.total > CONSOLE_LIMIT and not console.done:

@@ -13,12 +13,14 @@ with run_code's response.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..case.response import sandbox_error
+from ..settings import BODY_READ_TIMEOUT
 from .middleware import ASGIApp, Receive, Scope, Send, answer_json, header, render_json
 from .request import Invalid
 from .routing import Reply, endpoint
@@ -81,7 +83,12 @@ async def _run_admitted(
 ) -> None:
     """POST /run_code, admitted: read, validate, take a micro-VM, run, answer."""
     started = time.monotonic()
-    body = await _read_body(receive, place)
+    limit = server.deadlines.body_read
+    try:
+        body = await asyncio.wait_for(_read_body(receive, place), limit)
+    except asyncio.TimeoutError:
+        await _slow_body(server, scope, send, limit)
+        return
     if body is None:
         return  # gone before it was read: nothing to answer
     request = await server.parse(body, header(scope, b"content-type"))
@@ -108,6 +115,17 @@ async def _run_admitted(
     server.metrics.cases.labels(case).inc()
     server.metrics.seconds.observe(time.monotonic() - started)
     await answer_json(send, 200, response)
+
+
+async def _slow_body(server: Server, scope: Scope, send: Send, limit: float) -> None:
+    """A body that did not arrive whole within its deadline: HTTP 408, and the connection
+    closed (what is left of the body is never read)."""
+    scope["state"]["case"] = "body-timeout"
+    server.metrics.cases.labels("body-timeout").inc()
+    detail = (
+        f"the request's body did not arrive whole within {limit:g} s ({BODY_READ_TIMEOUT.name})"
+    )
+    await answer_json(send, 408, {"detail": detail}, [(b"connection", b"close")])
 
 
 async def _busy(server: Server, scope: Scope, send: Send, why: str) -> None:

@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from .. import deadlines
 from ..case import api, gate
 from ..case.guests import guest_for
 from ..errors import BackendError, InvalidRequest
@@ -131,6 +132,7 @@ class Server:
         self.reason = "warming up"
         self.check: asyncio.Future[None] | None = None
         self.pod_name = POD_NAME.value()
+        self.deadlines = deadlines.for_case()  # as the settings were when it started
 
     # readiness
 
