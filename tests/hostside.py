@@ -42,9 +42,7 @@ class Host:
 
     def runs(self) -> list[list[str]]:
         """The argv of every hluk run so far, --version included."""
-        if not self.argv_log.exists():
-            return []
-        return [json.loads(line) for line in self.argv_log.read_text().splitlines()]
+        return logged_argvs(self.argv_log)
 
     def warm_ups(self) -> list[list[str]]:
         """The warm-up runs: those whose workload is the warm-up's probe."""
@@ -59,6 +57,15 @@ class Host:
         return sorted(
             [*self.tmpfs.glob("verl-hyperlight-*"), *self.tmpdir.glob("verl-hyperlight-*")]
         )
+
+
+def logged_argvs(log: Path) -> list[list[str]]:
+    """The argv of each hluk run the stand-in has logged to `log` so far: whole lines only (a
+    hluk starting now may be halfway through appending its line as this reads)."""
+    if not log.exists():
+        return []
+    text = log.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def option(argv: list[str], name: str) -> str | None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from conftest import find_bwrap
-from hostside import processes_with, result, sandbox_error, wait_for
+from hostside import logged_argvs, processes_with, result, sandbox_error, wait_for
 
 from verl_hyperlight import run_code
 
@@ -57,10 +57,7 @@ class Node:
 
     def case_runs(self) -> int:
         """The case runs its hluk has started (warm-ups mount no case directory)."""
-        if not self.argv_log.exists():
-            return 0
-        lines = self.argv_log.read_text().splitlines()
-        return sum("--mount" in json.loads(line) for line in lines)
+        return sum("--mount" in argv for argv in logged_argvs(self.argv_log))
 
     def running(self) -> list[int]:
         """Its hluk processes running a case now."""

@@ -18,7 +18,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from hostside import KVM_FAILURE, URL, Host, fail_with, notebooks, option, processes_with, wait_for
+from hostside import (
+    KVM_FAILURE,
+    URL,
+    Host,
+    fail_with,
+    logged_argvs,
+    notebooks,
+    option,
+    processes_with,
+    wait_for,
+)
 from test_conformance import LIBRARIES_PYTHON_ENV, known_limits
 
 import verl_hyperlight
@@ -276,9 +286,7 @@ def test_a_notebook_that_cannot_start_fails_its_check_with_the_fix(
 
 
 def case_runs(argv_log: Path) -> int:
-    if not argv_log.exists():
-        return 0
-    return sum("--mount" in json.loads(line) for line in argv_log.read_text().splitlines())
+    return sum("--mount" in argv for argv in logged_argvs(argv_log))
 
 
 def test_ctrl_c_stops_the_corpus_at_once_cancelling_its_cases_and_says_what_it_checked(
