@@ -1360,3 +1360,82 @@ def test_a_body_that_stops_arriving_is_answered_408_within_its_deadline_and_its_
     assert metric(served, "verl_hyperlight_body_bytes_held") == 0
     # Its place is back: the one place a running case and the queue leave is taken again.
     assert served.post(body("print('next')")).json()["run_result"]["stdout"] == "next\n"
+
+
+def test_a_hundred_silent_clients_hold_no_place_and_stopping_answers_them_at_once(
+    serve: Serve,
+) -> None:
+    """Clients that send their headers and part of a body, then go silent (a load balancer
+    dropping flows, a slowloris): they hold their bodies' bytes alone, so the one place of a
+    server of --max-concurrent 1 --max-queue 1 serves everyone else; SIGTERM answers them 503
+    at once, within its grace, not after their body-read deadline."""
+    served = serve(
+        "--max-concurrent", "1", "--max-queue", "1", "--grace", "30",
+        env={BODY_READ_TIMEOUT.name: "300"},
+    )  # fmt: skip
+    port = int(served.base.rsplit(":", 1)[1])
+    declared = json.dumps(body("print('never')")).encode()
+    head = (
+        b"POST /run_code HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(declared)
+    )
+    silent = []
+    for _ in range(100):
+        client = socket.create_connection(("127.0.0.1", port), timeout=60)
+        client.sendall(head + declared[:10])
+        silent.append(client)
+    try:
+        assert wait_for(lambda: metric(served, "verl_hyperlight_requests_reading") == 100, 60)
+        assert metric(served, "verl_hyperlight_cases_queued") == 0
+        for i in range(4):
+            answered = served.post(body(f"print({i})"))
+            assert (
+                answered.status_code == 200 and answered.json()["run_result"]["stdout"] == f"{i}\n"
+            )
+        assert metric(served, 'verl_hyperlight_cases_total{status="rejected"}') == 0
+        stopped = time.monotonic()
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(timeout=30) in STOPPED
+        took = time.monotonic() - stopped
+        answers = []
+        for client in silent:
+            with client.makefile("rb") as reply:
+                answers.append(reply.readline())
+    finally:
+        for client in silent:
+            client.close()
+    assert answers == [b"HTTP/1.1 503 Service Unavailable\r\n"] * 100
+    print(f"SIGTERM with 100 silent clients: the server exited in {took:.1f} s (grace 30 s)")
+
+
+def test_the_loop_answers_while_a_large_answer_is_rendered(
+    hluk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tens of MiB of output are rendered as JSON in a thread: /v1/ping is answered meanwhile."""
+    from verl_hyperlight.server import app as serve
+    from verl_hyperlight.server import state
+
+    rendering, answered = threading.Event(), threading.Event()
+    held: list[bool] = []
+    real = state.render_json
+
+    def slow_render(content: Any) -> bytes:
+        rendering.set()
+        # Holds until /v1/ping has been answered: never, if this held the event loop.
+        held.append(answered.wait(30))
+        return real(content)
+
+    monkeypatch.setattr(state, "render_json", slow_render)
+    app = serve.create_app(serve.Settings())
+    large = json.dumps(body("import sys\nsys.stdout.write('x' * (8 << 20))")).encode()
+
+    async def scenario() -> tuple[Answer, Answer]:
+        run = asyncio.ensure_future(asgi(app, "/run_code", large, JSON))
+        assert await asyncio.get_running_loop().run_in_executor(None, rendering.wait, 120)
+        ping = await asgi(app, "/v1/ping", method="GET")
+        answered.set()
+        return ping, await run
+
+    ping, run = asyncio.run(scenario())
+    assert held == [True] and ping[0] == 200
+    assert run[0] == 200 and json.loads(run[2])["run_result"]["stdout"] == "x" * (8 << 20)

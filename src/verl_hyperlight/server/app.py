@@ -21,6 +21,7 @@ imports in every process, never imports this module.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import signal
@@ -70,6 +71,7 @@ class Application:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                self.server.loop = asyncio.get_running_loop()
                 self.server.start_check()  # the warm-up: pull and snapshot if needed, logged
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -112,6 +114,8 @@ class _Uvicorn(uvicorn.Server):
             timer = threading.Timer(grace, self.cases.cancel_all)
             timer.daemon = True
             timer.start()
+            if self.cases.loop is not None:
+                self.cases.loop.call_soon_threadsafe(self.cases.stop_reading)
         super().handle_exit(sig, frame)
 
 

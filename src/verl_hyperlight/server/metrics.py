@@ -28,7 +28,12 @@ class Metrics:
         )
         self.queued = Gauge(
             "verl_hyperlight_cases_queued",
-            "Requests waiting for a micro-VM",
+            "Requests waiting for a micro-VM, their bodies read whole",
+            registry=self.registry,
+        )
+        self.reading = Gauge(
+            "verl_hyperlight_requests_reading",
+            "Requests whose bodies are still arriving (they hold no place yet)",
             registry=self.registry,
         )
         self.held = Gauge(

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..case.response import sandbox_error
 from ..settings import BODY_READ_TIMEOUT
-from .middleware import ASGIApp, Receive, Scope, Send, answer_json, header, render_json
+from .middleware import ASGIApp, Receive, Scope, Send, answer, answer_json, header, render_json
 from .request import Invalid
 from .routing import Reply, endpoint
 from .state import Place, Server
@@ -61,9 +61,9 @@ class _OverBudget(Exception):
 
 
 async def run_code(server: Server, scope: Scope, receive: Receive, send: Send) -> None:
-    """POST /run_code: a place before the body is read, past `max_concurrent` running and
-    `queue_limit` waiting none, and none past the bodies' budget; given back when the request
-    is done with it."""
+    """POST /run_code: its body's bytes held from its arrival (none past the bodies' budget,
+    nor while `max_concurrent` run and `queue_limit` wait), its place taken once the body is
+    whole; all given back when the request is done with them."""
     length = header(scope, b"content-length")
     # BodyLimit has refused a declared length past --max-body-mb, and uvicorn one not a number.
     place = server.admit(int(length) if length is not None and length.isdigit() else 0)
@@ -84,11 +84,20 @@ async def _run_admitted(
     """POST /run_code, admitted: read, validate, take a micro-VM, run, answer."""
     started = time.monotonic()
     limit = server.deadlines.body_read
+    reader = asyncio.ensure_future(_read_body(receive, place))
+    server.readers.add(reader)
     try:
-        body = await asyncio.wait_for(_read_body(receive, place), limit)
+        body = await asyncio.wait_for(reader, limit)
     except asyncio.TimeoutError:
         await _slow_body(server, scope, send, limit)
         return
+    except asyncio.CancelledError:
+        if not (server.stopping and reader.cancelled()):
+            raise
+        await _stopping(server, scope, send)
+        return
+    finally:
+        server.readers.discard(reader)
     if body is None:
         return  # gone before it was read: nothing to answer
     request = await server.parse(body, header(scope, b"content-type"))
@@ -98,7 +107,7 @@ async def _run_admitted(
         return
     refused = server.over_cap(request)
     if refused is None:
-        busy = await place.take_slot(request.compile_timeout)
+        busy = place.enter() or await place.take_slot(request.compile_timeout)
         if busy is not None:
             await _busy(server, scope, send, busy)
             return
@@ -114,7 +123,7 @@ async def _run_admitted(
     scope["state"]["case"] = case
     server.metrics.cases.labels(case).inc()
     server.metrics.seconds.observe(time.monotonic() - started)
-    await answer_json(send, 200, response)
+    await answer(send, 200, await server.render(response))
 
 
 async def _slow_body(server: Server, scope: Scope, send: Send, limit: float) -> None:
@@ -126,6 +135,15 @@ async def _slow_body(server: Server, scope: Scope, send: Send, limit: float) -> 
         f"the request's body did not arrive whole within {limit:g} s ({BODY_READ_TIMEOUT.name})"
     )
     await answer_json(send, 408, {"detail": detail}, [(b"connection", b"close")])
+
+
+async def _stopping(server: Server, scope: Scope, send: Send) -> None:
+    """A request whose body was still arriving when the server began to stop: HTTP 503, and the
+    connection closed (its case never started)."""
+    scope["state"]["case"] = "stopping"
+    server.metrics.cases.labels("stopping").inc()
+    detail = "verl-hyperlight is stopping: the request's body had not arrived whole"
+    await answer_json(send, 503, {"detail": detail}, [(b"connection", b"close")])
 
 
 async def _busy(server: Server, scope: Scope, send: Send, why: str) -> None:

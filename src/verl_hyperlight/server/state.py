@@ -26,7 +26,7 @@ from ..errors import BackendError, InvalidRequest
 from ..hluk.binary import hluk_path
 from ..settings import POD_NAME, ServeSettings
 from .metrics import Metrics
-from .middleware import Receive
+from .middleware import Receive, render_json
 from .request import Invalid, RunCodeRequest, parse
 
 logger = logging.getLogger("verl_hyperlight.serve")
@@ -45,19 +45,21 @@ MIB = 1024 * 1024
 
 
 class Place:
-    """A /run_code request's place, from its arrival (before its body is read) until it is
-    answered, or, once its case runs, until the case's thread has ended (whatever became of
-    the handler): the place, the bytes of its body it holds (`held`) and the micro-VM once
-    taken are given back exactly once. Made by `Server.admit`."""
+    """A /run_code request's hold on the server, from its arrival until it is answered, or,
+    once its case runs, until the case's thread has ended (whatever became of the handler).
+    While its body is read it holds that body's bytes (`held`) alone; once the body is whole,
+    its place among those waiting and running (`enter`), then a micro-VM (`take_slot`). Each
+    is given back exactly once. Made by `Server.admit`."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
-        self.waiting = True
+        self.reading = True
+        self.placed = False
+        self.waiting = False
         self.slot = False
         self.running = False
         self.held = 0
-        server.places += 1
-        server.metrics.queued.inc()
+        server.metrics.reading.inc()
 
     def hold(self, size: int) -> bool:
         """Hold `size` bytes more of its body, if the budget has room for them."""
@@ -67,6 +69,23 @@ class Place:
         server.held += size
         self.held += size
         return True
+
+    def enter(self) -> str | None:
+        """Its body whole: take its place among the requests waiting for a micro-VM or running
+        one; why not, when `max_concurrent` run and `queue_limit` wait."""
+        self._stop_reading()
+        server = self.server
+        if server.places >= server.place_limit:
+            return server.queue_full()
+        server.places += 1
+        self.placed = self.waiting = True
+        server.metrics.queued.inc()
+        return None
+
+    def _stop_reading(self) -> None:
+        if self.reading:
+            self.reading = False
+            self.server.metrics.reading.dec()
 
     def _stop_waiting(self) -> None:
         if self.waiting:
@@ -98,15 +117,18 @@ class Place:
             self.give_back()
 
     def give_back(self) -> None:
-        """Give back the place, its body's bytes and its micro-VM (once: the handler's end, or
-        its case's thread's end, whichever comes last)."""
+        """Give back its body's bytes, its place and its micro-VM, those it holds (once: the
+        handler's end, or its case's thread's end, whichever comes last)."""
+        self._stop_reading()
         self._stop_waiting()
         if self.slot:
             self.slot = False
             self.server.slots.release()
         self.server.held -= self.held
         self.held = 0
-        self.server.places -= 1
+        if self.placed:
+            self.placed = False
+            self.server.places -= 1
 
 
 class Server:
@@ -128,6 +150,11 @@ class Server:
         self.executor = ThreadPoolExecutor(settings.max_concurrent, "verl-hyperlight-case")
         self.parser = ThreadPoolExecutor(1, "verl-hyperlight-parse")
         self.in_flight: set[threading.Event] = set()
+        # The handlers' body reads under way, answered at once when the server stops (their
+        # case has not started: nothing is lost, and no grace is owed them).
+        self.readers: set[asyncio.Future[Any]] = set()
+        self.stopping = False
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it has started
         self.serving = False
         self.reason = "warming up"
         self.check: asyncio.Future[None] | None = None
@@ -180,17 +207,21 @@ class Server:
     # a case
 
     def admit(self, declared: int) -> Place | str:
-        """A place for a request that declares a body of `declared` bytes (0: it does not say),
-        holding them; why not, when the places are all taken or the bodies held leave too
-        little of the budget. Decided before the body is read: a request turned away is
-        answered at once, its body unread."""
+        """A hold for a request that declares a body of `declared` bytes (0: it does not say),
+        holding them while the body is read; why not, when the places are all taken now or the
+        bodies held leave too little of the budget. Decided before the body is read: a request
+        turned away is answered at once, its body unread. Its place is taken once its body is
+        whole (`Place.enter`): a client that goes silent mid-body holds no place."""
         if self.places >= self.place_limit:
-            return f"the queue is full ({self.settings.queue_limit} requests wait already)"
+            return self.queue_full()
         if self.held + declared > self.bodies_budget:
             return self.over_budget()
         place = Place(self)
         place.hold(declared)
         return place
+
+    def queue_full(self) -> str:
+        return f"the queue is full ({self.settings.queue_limit} requests wait already)"
 
     def over_budget(self) -> str:
         return (
@@ -259,6 +290,23 @@ class Server:
         finally:
             watcher.cancel()
         return response, error, cancel.is_set()
+
+    def stop_reading(self) -> None:
+        """The server stops: the requests whose bodies are still being read are answered now
+        (503), not after the grace the cases in flight get. In the loop's thread."""
+        self.stopping = True
+        for reader in list(self.readers):
+            reader.cancel()
+
+    async def render(self, response: dict[str, Any]) -> bytes:
+        """`response` as JSON: a large one (outputs past PARSE_ON_LOOP_BYTES) in a thread, so
+        the event loop keeps serving while tens of MiB are encoded."""
+        run = response.get("run_result") or {}
+        size = len(run.get("stdout") or "") + len(run.get("stderr") or "")
+        size += sum(map(len, (response.get("files") or {}).values()))
+        if size <= PARSE_ON_LOOP_BYTES:
+            return render_json(response)
+        return await asyncio.get_running_loop().run_in_executor(self.parser, render_json, response)
 
     def cancel_all(self) -> None:
         for cancel in list(self.in_flight):
