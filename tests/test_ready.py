@@ -27,11 +27,12 @@ from hostside import (
     wait_for,
 )
 
-from verl_hyperlight import settings
+from verl_hyperlight import deadlines, settings
 from verl_hyperlight.case import api, ready
 from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.case.guests import guest_for
 from verl_hyperlight.hluk.binary import hluk_path
+from verl_hyperlight.outcome import Ending, RawOutcome
 
 # A case whose answer shows its input, its files, its own random draw and its exit.
 CASE = textwrap.dedent(
@@ -356,3 +357,77 @@ def test_a_worker_that_exits_ends_its_ready_guests_first(on: Host) -> None:
     assert worker.returncode == 0 and worker.stdout == b"waiting\n", worker.stderr
     # At once: not left to the cleaner, which removes a killed worker's after it.
     assert on.case_dirs() == [] and processes_with(str(on.tmpfs)) == []
+
+
+def an_outcome(ending: Ending, startup_seconds: float | None) -> RawOutcome:
+    """A hluk run's outcome of `ending`, its start having taken `startup_seconds`."""
+    nothing = memoryview(b"")
+    return RawOutcome(
+        ending=ending,
+        started=startup_seconds is not None,
+        end=None,
+        stdout=nothing,
+        stderr=nothing,
+        fetched={},
+        hluk_status=None,
+        hluk_error="",
+        hluk_stderr="",
+        preamble=b"",
+        refusal="",
+        restored=None,
+        host_elapsed=0.0,
+        limit=60.0,
+        startup_seconds=startup_seconds,
+    )
+
+
+def test_a_start_past_its_deadline_ends_no_ready_guest(on: Host) -> None:
+    """Load, not a new snapshot: the case is retried after a probe, and the micro-VMs started
+    ahead from the snapshot, which is the same, keep waiting for their cases."""
+    case("warm")
+    waiting_for(1)
+    (waiting,) = ready_hluks(on)
+    gate = _gate.gate(hluk_path(), guest_for(URL, None))
+    runs = iter([an_outcome(Ending.STARTUP_TIMEOUT, None), an_outcome(Ending.FINISHED, 0.01)])
+    outcome = gate.run_case(lambda: next(runs), deadlines.for_case(10))
+    assert outcome.ending is Ending.FINISHED  # tried again, after the probe that closed it
+    assert gate.state is _gate.State.CLOSED
+    assert pool().count() == 1 and ready_hluks(on) == [waiting]
+    assert result(case("next"))[3].startswith("stdin next\n") and pool().taken == 1
+
+
+def test_a_snapshot_that_changed_ends_the_ready_guests_started_from_the_old_one(
+    on: Host,
+) -> None:
+    case("warm")
+    waiting_for(1)
+    (waiting,) = ready_hluks(on)
+    subprocess.run([hluk_path(), "cache", "clean", "--snapshots"], check=True, capture_output=True)
+    assert result(case("x"))[3].startswith("stdin x\n")
+    assert pool().taken == 0  # it came from the snapshot that is gone
+    assert wait_for(lambda: waiting not in ready_hluks(on))
+
+
+def test_while_starts_are_slow_no_guest_is_started_ahead_and_cases_start_their_own(
+    on: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A case whose start took a quarter of its start-up deadline says the node is short of
+    CPU: for as long as a ready guest may idle, none is started (each would be one more start
+    on a node already slow to start), then they are again."""
+    caplog.set_level(logging.INFO, "verl_hyperlight")
+    monkeypatch.setenv(settings.READY_IDLE.name, "2")
+    guests = pool()
+    limits = deadlines.for_case(10)
+    slow = an_outcome(Ending.FINISHED, 0.3 * limits.startup)
+    assert guests.run_case([], limits, None, lambda started: slow) is slow
+    for stdin in ("a", "b", "c"):
+        assert result(case(stdin))[3].startswith(f"stdin {stdin}\n")
+    assert ready_runs(on) == [] and pool().taken == 0
+    said = [
+        r.getMessage() for r in caplog.records if "no micro-VM is started ahead" in r.getMessage()
+    ]
+    assert len(said) == 1 and f"took {0.3 * limits.startup:.1f} s to start" in said[0]
+    time.sleep(2.5)  # the pause over: a case asks for one again, and the next takes it
+    case("after")
+    waiting_for(1)
+    assert result(case("then"))[3].startswith("stdin then\n") and pool().taken == 1

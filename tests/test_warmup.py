@@ -585,3 +585,47 @@ def test_hundreds_of_cases_waiting_for_one_probe_leave_at_once_when_cancelled(
     for thread in cases.threads:
         thread.join(30)
     assert not any(thread.is_alive() for thread in cases.threads)
+
+
+def test_hluk_replaced_under_sixteen_cases_in_flight_is_warmed_up_once_and_none_cold_boots(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upgrade installed over the running hluk (a new release: a new image, a new snapshot)
+    is seen by the gate: the cases that come after it wait for one warm-up, under the node's
+    lock, and none pulls or boots the new image inside its own run."""
+    wrapper = tmp_path / "bin" / "hluk"
+    wrapper.parent.mkdir()
+    original = Path(os.environ["HLUK_PATH"]).read_text()
+    wrapper.write_text(original)
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("HLUK_PATH", str(wrapper))
+    assert result(run("print('warm')"))[:4] == ("Success", "Finished", 0, "warm\n")
+    before = len(host.warm_ups())
+    with ThreadPoolExecutor(32) as pool:
+        in_flight = [
+            pool.submit(run, f"import time\ntime.sleep(2)\nprint('old {i}')") for i in range(16)
+        ]
+        assert wait_for(lambda: len(host.case_runs()) >= 17, 60)
+        upgraded = wrapper.with_name("hluk.new")
+        # The new release reports another version and pulls the image of that tag, slowly.
+        upgraded.write_text(
+            original.replace(
+                "exec ", "export HLUK_STANDIN_VERSION=0.20.1 HLUK_STANDIN_PULL_SECONDS=1\nexec ", 1
+            )
+        )
+        upgraded.chmod(0o755)
+        upgraded.replace(wrapper)  # as a package manager installs it: a new file in its place
+        replaced_at = len(host.runs())
+        after = [pool.submit(run, f"print('new {i}')") for i in range(16)]
+        answers = [result(f.result(timeout=300))[:4] for f in in_flight + after]
+    assert answers[:16] == [("Success", "Finished", 0, f"old {i}\n") for i in range(16)]
+    assert answers[16:] == [("Success", "Finished", 0, f"new {i}\n") for i in range(16)]
+    runs = host.runs()[replaced_at:]
+    probes = [i for i, argv in enumerate(runs) if ".probe(" in (option(argv, "--exec") or "")]
+    assert len(host.warm_ups()) == before + 1 and len(probes) == 1, runs
+    # Every case of the new hluk ran after its warm-up had pulled the image and taken the
+    # snapshot: none of them pulled or booted it in its own run.
+    cases = [i for i, argv in enumerate(runs) if "--mount" in argv]
+    assert len(cases) == 16 and min(cases) > probes[0]
+    said = [r.getMessage() for r in caplog.records if "was replaced" in r.getMessage()]
+    assert len(said) == 1 and str(wrapper) in said[0]

@@ -97,6 +97,8 @@ class RawOutcome:
     restored: bool | None  # hluk's `restored=` log line, when run with --log-level info
     host_elapsed: float  # from the start frame (or the spawn) to the end frame or the stop
     limit: float  # the seconds of the deadline the run was held to last
+    # From hluk's start (or its line) to the solution's start frame; None when it did not start
+    startup_seconds: float | None = None
 
     @property
     def verdict(self) -> Verdict:

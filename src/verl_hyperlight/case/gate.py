@@ -34,6 +34,7 @@ from ..errors import (
     worth_logging,
 )
 from ..hluk import watch
+from ..hluk.binary import identity
 from ..outcome import RawOutcome, Verdict
 from . import snapshots
 from .guests import Guest, hluk_argv
@@ -115,8 +116,9 @@ class Gate:
     hluk run, seconds or minutes) runs outside it, in a thread of its own started by the one
     thread that `_admit` chose (see _Probe)."""
 
-    def __init__(self, path: str, guest: Guest) -> None:
+    def __init__(self, path: str, guest: Guest, binary: tuple[int, ...] = ()) -> None:
         self.path, self.guest = path, guest
+        self.binary = binary  # the hluk file it was made for (binary.identity)
         self._lock = threading.Lock()
         self._probed = threading.Condition(self._lock)  # notified when a probe has ended
         self._running: _Probe | None = None  # while PROBING or HALF_OPEN
@@ -245,7 +247,11 @@ class Gate:
         if self.state is State.CLOSED:
             if (snapshots.state(self.watched) if cache is None else cache) == self.seen:
                 return _Step.PASS
-            self._move(State.SUSPECT)  # the snapshot may have gone: see it again
+            # The snapshot may have gone, or be another: see it again, and end the micro-VMs
+            # started ahead from the one seen (those alone: a run that failed to start, a
+            # start-up past its deadline, is load or hluk's failure, not a new snapshot).
+            self.ready_guests.clear()
+            self._move(State.SUSPECT)
         if self.state is State.PROBING:
             return _Step.WAIT
         if self.state is State.HALF_OPEN:
@@ -344,6 +350,8 @@ class Gate:
                 time.monotonic() - self.opened_at,
                 self.answered_at_once,
             )
+        if (watched, cache) != (self.watched, self.seen):
+            self.ready_guests.clear()  # started from a snapshot that is not the one seen now
         self._move(State.CLOSED)
         self.watched, self.seen, self.failure = watched, cache, None
         self.failures_in_a_row = 0
@@ -379,10 +387,6 @@ class Gate:
             state.value,
             self.failures_in_a_row,
         )
-        if (self.state is State.CLOSED) != (state is State.CLOSED):
-            # The snapshot may be another, or hluk fails to start the guest: ready guests
-            # started so far are ended, never used.
-            self.ready_guests.clear()
         self.state = state
 
     def _answer_at_once(self) -> FailingFast:
@@ -407,6 +411,7 @@ def _times(count: int) -> str:
 # not block another's.
 _registry: dict[tuple[object, ...], Gate] = {}
 _registry_lock = threading.Lock()
+_replaced = CauseCounts()  # the hluk files seen replaced: said once each
 
 
 def _forget_in_child() -> None:
@@ -421,13 +426,29 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def gate(path: str, guest: Guest) -> Gate:
-    """The gate of `guest` run by the hluk at `path`."""
+    """The gate of `guest` run by the hluk at `path`, as that file is now: hluk replaced in
+    place (an upgrade) is a new gate, suspect until its first case's probe has seen the guest
+    warm (one warm-up under the node's lock, the other cases waiting for it), and the gate of
+    the hluk it replaced is retired, its ready guests ended."""
     key = snapshots.identity(path, guest)
+    binary = identity(path)
     with _registry_lock:
         found = _registry.get(key)
-        if found is None:
-            found = _registry[key] = Gate(path, guest)
-        return found
+        if found is not None and found.binary == binary:
+            return found
+        replaced, found = found, Gate(path, guest, binary)
+        _registry[key] = found
+    if replaced is not None:
+        if _replaced.first(path):
+            logger.warning(
+                "verl-hyperlight: hluk at %s was replaced: %s is probed again (a warm-up if "
+                "the new hluk needs one, once, under the node's warm-up lock), its micro-VMs "
+                "started ahead by the old one ended",
+                path,
+                guest.image.label,
+            )
+        replaced.ready_guests.clear()
+    return found
 
 
 def ensure_ready(path: str, guest: Guest) -> Warmth | None:

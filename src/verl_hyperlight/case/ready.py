@@ -18,15 +18,20 @@ input is inside a host call: it costs no CPU, hluk's deadlock check does not run
 no limit on that wait; each one holds its micro-VM's memory while it waits.
 
 The rules that keep this the one path: a case passes its guest's gate first, as every case
-does, and only then takes a ready guest; the gate ends every ready guest whenever it leaves or
-enters its closed state (the snapshot may have been replaced, or hluk fails to start guests),
-so none is used across a re-warm, nor while the gate fails cases fast. A ready guest that died
-while it waited is ended and passed over; the case finds another or starts its own, its death
-charged to no case. Each gate keeps at most ``VERL_HYPERLIGHT_READY_GUESTS``, and no more than
-its guest's cases in flight at once lately; one that waits past ``VERL_HYPERLIGHT_READY_IDLE``
-is ended by the keeper thread. A forked child knows none of its parent's; a worker that dies
-takes them with it, as it takes every hluk it started (``hluk.spawn``), and one that exits
-ends them first.
+does, and only then takes a ready guest, so none is used while the gate fails cases fast; the
+gate ends its ready guests when what they were started from is gone (the snapshot changed, or
+hluk was replaced: a new gate), and only then: a start that failed or ran past its deadline is
+load, or hluk's failure, and ending ready guests then would only add starts to a node short of
+CPU. A ready guest that died while it waited is ended and passed over; the case finds another
+or starts its own, its death charged to no case. Each gate keeps at most
+``VERL_HYPERLIGHT_READY_GUESTS``, and no more than its guest's cases in flight at once lately
+(`most_kept`); one that waits past ``VERL_HYPERLIGHT_READY_IDLE`` is ended. The keeper thread
+does both, starting and ending, one after another: nothing of it is on a case's path (a case
+asks it for more, and goes on), the cap holds at every moment (ending comes first), and while
+cases' starts are slow (a quarter of their start-up deadline, or past it) it starts none, for
+as long as a ready guest may idle. A forked child knows none of its parent's; a worker that
+dies takes them with it, as it takes every hluk it started (``hluk.spawn``), and one that
+exits ends them first.
 """
 
 from __future__ import annotations
@@ -51,9 +56,9 @@ from .guests import CASE_MOUNT, Guest, ahead_code, hluk_argv
 
 logger = logging.getLogger("verl_hyperlight")
 
-# How many guests one case starts at most, in its place and to follow a rising demand: a case
-# spends on its own path what starting them costs the worker (a spawn each).
-STARTED_PER_CASE = 2
+# A case whose start took this share of its start-up deadline (or ran past it) says the node is
+# short of CPU: no guest is started ahead for a while (READY_IDLE), so as not to add to it.
+SLOW_START_SHARE = 0.25
 
 
 def most_kept(peak: int, limit: int | None = None) -> int:
@@ -74,17 +79,12 @@ class Counts:
     died: int
 
 
-def _start_key(path: str) -> tuple[object, ...]:
-    """What a guest's start was made under, of what may change between two cases: the hluk at
-    `path` (upgraded in place, it is another file), hluk's environment, and the settings that
-    place its case directory and start it. A ready guest started under another is not used:
-    a change counts from the next case on."""
-    try:
-        found = os.stat(path)
-        binary: tuple[int, ...] = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
-    except OSError:
-        binary = ()  # its start says what is wrong
-    return (binary, settings.hluk_environment(), settings.CASE_DIR.value(), settings.SPAWN.value())
+def _start_key() -> tuple[object, ...]:
+    """What a guest's start was made under, of what may change between two cases: hluk's
+    environment, and the settings that place its case directory and start it (the hluk file
+    itself is its gate's: a gate lives as long as the hluk it was made for). A ready guest
+    started under another is not used: a change counts from the next case on."""
+    return (settings.hluk_environment(), settings.CASE_DIR.value(), settings.SPAWN.value())
 
 
 class _Ready:
@@ -121,6 +121,7 @@ class ReadyGuests:
         self._in_flight = 0  # the guest's cases running now
         self._peak = 0  # the most at once since the demand last fell (see expire)
         self.started = CauseCounts()  # why ready guests could not be started, said once
+        self.slow_until = 0.0  # no guest is started ahead before this (see _follow_starts)
         # Cases run in a ready guest, and ready guests found dead (read without the lock).
         self.taken = self.died = 0
 
@@ -144,16 +145,39 @@ class ReadyGuests:
             generation = self.generation
 
         def start_more() -> None:
-            self._start_more(generation, limit)
+            _keeper.start(self, generation, limit)
 
         try:
             outcome = self._run_in_one(files, limits, cancel, start_more)
             # None: none was ready, or the one taken ended before its line (nothing of the
             # case ran in it, and nothing is charged to the case).
-            return own(start_more) if outcome is None else outcome
+            if outcome is None:
+                outcome = own(start_more)
+            self._follow_starts(outcome, limits)
+            return outcome
         finally:
             with self._lock:
                 self._in_flight -= 1
+
+    def _follow_starts(self, outcome: RawOutcome, limits: Deadlines) -> None:
+        """Pause starting ahead when the case's start says the node is short of CPU."""
+        took = outcome.startup_seconds
+        slow = outcome.ending is Ending.STARTUP_TIMEOUT or (
+            took is not None and took >= SLOW_START_SHARE * limits.startup
+        )
+        if slow:
+            until = time.monotonic() + settings.READY_IDLE.value()
+            with self._lock:
+                first = self.slow_until <= time.monotonic()
+                self.slow_until = max(self.slow_until, until)
+            if first:
+                logger.info(
+                    "verl-hyperlight: a case of %s took %s to start: no micro-VM is started "
+                    "ahead for %.0f s, so as not to add to the node's load",
+                    self.guest.image.label,
+                    "past its deadline" if took is None else f"{took:.1f} s",
+                    settings.READY_IDLE.value(),
+                )
 
     def _run_in_one(
         self,
@@ -162,7 +186,7 @@ class ReadyGuests:
         cancel: threading.Event | None,
         start_more: Callable[[], None],
     ) -> RawOutcome | None:
-        taken = self._take(sum(len(data) for _, data in files), _start_key(self.path))
+        taken = self._take(sum(len(data) for _, data in files), _start_key())
         if taken is None:
             return None
         try:
@@ -224,14 +248,18 @@ class ReadyGuests:
         else:
             logger.debug("verl-hyperlight: a ready guest of %s died", self.guest.image.label)
 
-    def _start_more(self, generation: int, limit: int) -> None:
+    def start_more(self, generation: int, limit: int) -> None:
         """Start guests up to what the demand asks for (the most cases in flight at once
-        lately, at most `limit`), STARTED_PER_CASE at most; none once `generation` has ended.
-        A failure to start one is said once per cause and fails no case."""
-        for _ in range(STARTED_PER_CASE):
+        lately, at most `limit`): none once `generation` has ended, nor while starts are slow.
+        A failure to start one is said once per cause and fails no case. The keeper's."""
+        while True:
             with self._lock:
                 wanted = most_kept(self._peak, limit)
-                if generation != self.generation or len(self._waiting) + self._starting >= wanted:
+                if (
+                    generation != self.generation
+                    or len(self._waiting) + self._starting >= wanted
+                    or self.slow_until > time.monotonic()
+                ):
                     return
                 self._starting += 1
             ready: _Ready | None = None
@@ -258,7 +286,7 @@ class ReadyGuests:
             _keeper.watch(self, time.monotonic() + settings.READY_IDLE.value())
 
     def _start(self) -> _Ready:
-        key = _start_key(self.path)
+        key = _start_key()
         case_dir = casedir.make_empty()
         nonce = secrets.token_hex(16)
         argv = hluk_argv(
@@ -330,11 +358,12 @@ def _nothing() -> None:
 
 
 class _Keeper:
-    """The thread that ends ready guests: those that waited past the idle limit, and those
-    their gate let go of (ending one waits for its hluk to be reaped, which no case should).
-    One per process, a daemon started with the first ready guest; it sleeps until the next
-    guest is due, or it is handed guests to end, or a guest comes while it sleeps with none
-    sooner than the keeper would wake."""
+    """The thread that starts and ends ready guests: starts those cases ask for (a spawn each,
+    which no case's path should carry), and ends those that waited past the idle limit and
+    those their gate let go of (ending one waits for its hluk to be reaped), the ends first.
+    One per process, a daemon started with the first request; it sleeps until the next guest
+    is due, or it is asked for guests or handed guests to end, or a guest comes while it
+    sleeps with none sooner than the keeper would wake."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -342,6 +371,8 @@ class _Keeper:
         self._pools: set[ReadyGuests] = set()  # those holding guests, or being given one
         self._fresh: set[ReadyGuests] = set()  # given a guest since the keeper last looked
         self._to_end: list[_Ready] = []
+        # Asked for by cases: (pool, generation, limit), started in turn by the keeper.
+        self._starts: deque[tuple[ReadyGuests, int, int]] = deque()
         self._thread: threading.Thread | None = None
         self._due: float | None = None  # when it wakes next (None: only when woken)
         self._news = 0  # guests started since it last looked
@@ -356,6 +387,14 @@ class _Keeper:
             if self._due is None or due < self._due:
                 self._woken.notify()
             self._ensure_running()
+
+    def start(self, pool: ReadyGuests, generation: int, limit: int) -> None:
+        """Have `pool` started up to what its demand asks for (see ReadyGuests.start_more),
+        from the keeper's thread: the case that asks goes on at once."""
+        with self._lock:
+            self._starts.append((pool, generation, limit))
+            self._ensure_running()
+            self._woken.notify()
 
     def end(self, ready: deque[_Ready] | list[_Ready]) -> None:
         """End these guests, from the keeper's thread."""
@@ -390,11 +429,15 @@ class _Keeper:
     def _run(self) -> None:
         while True:
             with self._lock:
-                if not self._to_end and not self._news:
+                if not self._to_end and not self._news and not self._starts:
                     wait = None if self._due is None else max(0.0, self._due - time.monotonic())
                     self._woken.wait(wait)
                 to_end, self._to_end = self._to_end, []
                 pools, self._news = list(self._pools), 0
+                # One start of each pool, at its latest generation: a request asks for "up to
+                # the demand", which one start_more fills.
+                starts = {pool: (generation, limit) for pool, generation, limit in self._starts}
+                self._starts.clear()
             for ready in to_end:
                 try:
                     ready.end()
@@ -411,6 +454,12 @@ class _Keeper:
                     if at is None and pool not in self._fresh:
                         self._pools.discard(pool)
                 self._fresh.clear()
+            # Started after the ends and the idle guests' expiry: the cap holds at every moment.
+            for pool, (generation, limit) in starts.items():
+                try:
+                    pool.start_more(generation, limit)
+                except Exception:  # one pool's start must not stop the keeper
+                    logger.exception("verl-hyperlight: starting a ready guest failed")
 
     def forget_in_child(self) -> None:
         for pool in self._pools:
@@ -420,6 +469,7 @@ class _Keeper:
         self._lock = threading.Lock()
         self._woken = threading.Condition(self._lock)
         self._pools, self._fresh, self._to_end, self._thread = set(), set(), [], None
+        self._starts = deque()
         self._due, self._news = None, 0
 
 

@@ -49,6 +49,7 @@ class AheadProcess:
         stopped, when it had ended before it could take the line (nothing of the case ran)."""
         stdin = self.proc.stdin
         assert stdin is not None
+        began = time.monotonic()  # the run's clock starts with its line
         try:
             os.write(stdin, protocol.GO + b"\n")  # a pipe takes a short write whole
         except OSError:
@@ -60,7 +61,7 @@ class AheadProcess:
         except BaseException:
             self.proc.stop()
             raise
-        return run_started(self.proc, self.path, self.nonce, deadlines, cancel)
+        return run_started(self.proc, self.path, self.nonce, deadlines, cancel, began)
 
     def stop(self) -> None:
         """End it, unused (once): nothing of its group outlives the call."""

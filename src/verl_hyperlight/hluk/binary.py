@@ -28,6 +28,16 @@ def hluk_path() -> str:
     return os.path.abspath(found)
 
 
+def identity(path: str) -> tuple[int, ...]:
+    """The hluk file at `path` as it is now: replaced in place (an upgrade), it is another
+    (device, inode, size and mtime); () when it cannot be seen (its start says why)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return ()
+    return (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
+
+
 def run_to_exit(argv: list[str], timeout: float) -> RawOutcome:
     """Run hluk for something other than a case (--version): until it exits, or `timeout`
     (ending STARTUP_TIMEOUT). What it printed on its console is in ``preamble``."""

@@ -99,7 +99,9 @@ def run(
     end, the copy-out; with `deadlines.stall`, hluk must also show progress before the start:
     a run that writes nothing for that long, other than during an image pull it announced, is
     stopped as not started in time), or `cancel` is set. `meanwhile` is done once hluk is
-    started, while it starts the guest."""
+    started, while it starts the guest. The run's clock starts before anything else: before
+    hluk is spawned."""
+    began = time.monotonic()
     proc = spawn.start(argv, cwd)
     if meanwhile is not None:
         try:
@@ -107,7 +109,7 @@ def run(
         except BaseException:
             proc.stop()
             raise
-    return run_started(proc, argv[0], nonce, deadlines, cancel)
+    return run_started(proc, argv[0], nonce, deadlines, cancel, began)
 
 
 def run_started(
@@ -116,11 +118,13 @@ def run_started(
     nonce: str,
     deadlines: Deadlines,
     cancel: threading.Event | None,
+    began: float,
 ) -> RawOutcome:
-    """`run`, of a hluk started: watched from now on, and stopped at the end."""
+    """`run`, of a hluk started: watched from now on, its deadlines counted from `began` (when
+    it was started, or sent its case), and stopped at the end."""
     stderr = Tail(HLUK_STDERR_LIMIT)
     try:
-        watched = watch(proc, Console(nonce), stderr, deadlines, cancel)
+        watched = watch(proc, Console(nonce), stderr, deadlines, cancel, began=began)
     finally:
         # Whatever ended the watch, nothing of this group outlives the call.
         status = proc.stop()
@@ -142,9 +146,9 @@ class _Clock:
         "started_at",
     )  # fmt: skip
 
-    def __init__(self, deadlines: Deadlines) -> None:
+    def __init__(self, deadlines: Deadlines, began: float | None = None) -> None:
         self.deadlines = deadlines
-        self.spawned = time.monotonic()
+        self.spawned = time.monotonic() if began is None else began
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.last_output = self.spawned
@@ -325,6 +329,7 @@ class _Watched:
             restored=restored[-1] == "true" if restored else None,
             host_elapsed=finished - began,
             limit=clock.limit,
+            startup_seconds=None if clock.started_at is None else clock.started_at - clock.spawned,
         )
 
 
@@ -336,12 +341,13 @@ def watch(
     cancel: threading.Event | None = None,
     until_done: bool = False,
     request: bytes = b"",
+    began: float | None = None,
 ) -> _Watched:
     """Read hluk's console and stderr until the runner's report on `console` is done (and, but
     `until_done`, hluk has exited), or a limit or `cancel` stops it (see run), writing
     `request` to hluk's stdin meanwhile. `until_done` leaves a notebook's hluk running once its
     report is whole."""
-    clock = _Clock(deadlines)
+    clock = _Clock(deadlines, began)
     pipes = _Pipes(proc, console, stderr, request)
     stopped = _read_until_over(pipes, clock, cancel, until_done)
     return _Watched(pipes, clock, stopped)
