@@ -167,7 +167,8 @@ def hluk_double(scratch: Path, busy_loops: int = 0) -> Path:
         'case "$last" in\n'
         "  *probe*) printf '\\r\\n%s start\\r\\n\\r\\n%s end 0 0.0 - 0 0 -\\r\\n"
         '\\r\\n%s done\\r\\n\' "$nonce" "$nonce" "$nonce" ;;\n'
-        "  *ready*) read -r line; answer ;;\n"
+        # A ready guest's workload: runner.await_case (runner.ready in older checkouts).
+        "  *await_case*|*.ready\\(*) read -r line; answer ;;\n"
         "  *main*) answer ;;\n"
         f'  *notebook*) exec {sys.executable} -I -S -c {shlex.quote(NOTEBOOK_DOUBLE)} "$nonce" ;;\n'
         "esac\n"
