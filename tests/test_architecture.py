@@ -267,6 +267,7 @@ CALLED_FROM_OUTSIDE = {
     "BackendFailures.collect",  # prometheus_client, on every collector registered
     "ReadyGuestsTaken.collect",
     "NotebookHost.cancel_call",  # Ray, on the actor's handle, by the name cluster.Actor is given
+    "NotebookHost.placed",
 }
 
 

@@ -34,7 +34,7 @@ def test_each_url_form_names_its_image(
     url: str, args: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("HLUK_INITRD", raising=False)
-    assert _guest.image_for(url).args == args
+    assert _guest.guest_for(url, None).image.args == args
 
 
 def test_hluk_initrd_replaces_the_python_image_but_not_the_agent_image(
@@ -42,8 +42,8 @@ def test_hluk_initrd_replaces_the_python_image_but_not_the_agent_image(
 ) -> None:
     rootfs = tmp_path / "rootfs.cpio"
     monkeypatch.setenv("HLUK_INITRD", str(rootfs))
-    assert _guest.image_for("hyperlight://").args == ("--initrd", str(rootfs), "--warm")
-    assert _guest.image_for("hyperlight://agent").args == ("--runtime", "agent")
+    assert _guest.guest_for("hyperlight://", None).image.args == ("--initrd", str(rootfs), "--warm")
+    assert _guest.guest_for("hyperlight://agent", None).image.args == ("--runtime", "agent")
 
 
 @pytest.mark.parametrize(

@@ -192,27 +192,63 @@ def test_large_inputs_and_outputs_cross_the_cluster_whole(cluster: RayCluster) -
     assert base64.b64decode(answer["files"]["out.bin"]) == data[::-1]
 
 
-def test_a_resource_no_node_offers_is_a_sandbox_error_then_fails_fast_then_recovers(
-    cluster: RayCluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def pending_demand(cluster: RayCluster, resource: str) -> int:
+    """The demand for `resource` Ray's autoscaler sees now: what `ray status` lists as Pending
+    Demands, read from the cluster's control store as the autoscaler reads it."""
+    from ray.autoscaler.v2.sdk import get_cluster_status
+
+    status = get_cluster_status(cluster.ray.get_runtime_context().gcs_address, timeout=10)
+    return sum(
+        int(by_count.count)
+        for demand in status.resource_demands.ray_task_actor_demand
+        for by_count in demand.bundles_by_count
+        if resource in by_count.bundle
+    )
+
+
+def test_while_no_node_offers_the_resource_cases_wait_where_the_autoscaler_sees_them(
+    cluster: RayCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A KVM group scaled to zero: the cases stay pending, their demand in Ray's own state the
+    whole time (20 s here), and run on the node that joins, as an autoscaler would add it."""
     caplog.set_level(logging.WARNING, "verl_hyperlight")
-    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "3")
+    url = "hyperlight://?ray=scaled"
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(through, url, SQUARE, str(i)) for i in range(4)]
+        assert wait_for(lambda: pending_demand(cluster, "scaled") == 4, limit=30)
+        seen = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            seen.append(pending_demand(cluster, "scaled"))
+            time.sleep(2)
+        assert set(seen) == {4} and not any(future.done() for future in futures)
+        joined = cluster.add("scaled", {"scaled": 2})
+        try:
+            answers = [future.result(timeout=120) for future in futures]
+            assert joined.case_runs() == 4
+        finally:
+            cluster.remove(joined)
+    assert [result(answer)[3] for answer in answers] == [f"{i * i}\n" for i in range(4)]
+    assert wait_for(lambda: pending_demand(cluster, "scaled") == 0, limit=30)
+    said = [m for r in caplog.records if "'scaled'" in (m := r.getMessage())]
+    assert len(said) == 1 and "its cases wait for one, up to 300 s each" in said[0]
+
+
+def test_a_case_that_waits_out_its_wait_is_a_sandbox_error_its_demand_withdrawn(
+    cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VERL_HYPERLIGHT_RAY_WAIT", "3")
     url = "hyperlight://?ray=absent"
-    message = sandbox_error(through(url, "print(1)"))
-    assert "no alive node of the Ray cluster offers the resource 'absent' (waited 3 s" in message
-    assert """ray start --address=HEAD:6379 --resources='{"absent": N}'""" in message
-    started = time.monotonic()
-    assert sandbox_error(through(url, "print(1)")) == message
-    assert time.monotonic() - started < 3  # while none offers it, at once
-    logged = [r.getMessage() for r in caplog.records if "'absent'" in r.getMessage()]
-    assert len(logged) == 1 and logged[0].startswith("verl-hyperlight: no alive node")
-    late = cluster.add("late", {"absent": 1})
-    try:
-        assert result(through(url, "print(2)"))[3] == "2\n"  # recovered by itself
-        assert late.case_runs() == 1
-        assert any("offers 'absent' again" in r.getMessage() for r in caplog.records)
-    finally:
-        cluster.remove(late)
+    for _ in range(2):  # each case waits, pending: none is answered at once
+        started = time.monotonic()
+        message = sandbox_error(through(url, "print(1)"))
+        assert time.monotonic() - started >= 3
+        assert (
+            "no alive node of the Ray cluster offers the resource 'absent' (waited 3 s, "
+            "VERL_HYPERLIGHT_RAY_WAIT)" in message
+        )
+        assert """ray start --address=HEAD:6379 --resources='{"absent": N}'""" in message
+    assert wait_for(lambda: pending_demand(cluster, "absent") == 0, limit=30)
 
 
 def test_a_node_with_ready_guests_runs_its_cases_in_them(cluster: RayCluster) -> None:
@@ -575,3 +611,153 @@ def test_a_cancelled_notebook_call_kills_its_actor_and_micro_vm(cluster: RayClus
     assert response is not None and result(response)[3] == "2\n" and notebook.generation == 2
     notebook.close()
     assert wait_for(lambda: not notebook_hluks(a) + notebook_hluks(b), limit=30)
+
+
+def test_trajectories_past_the_clusters_units_are_answered_and_those_holding_units_run_on(
+    cluster: RayCluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One unit, one tool thread, room for eight notebooks (what deadlocked: a new trajectory's
+    first call held the only thread waiting for a unit the first trajectory held, whose next
+    call then waited for the thread). Each newcomer is answered within the start-up deadline,
+    saying what is full; the first trajectory's call runs after them, its state kept."""
+    import asyncio
+
+    from verl_hyperlight.agent.calls import CodeRunner, ToolSettings
+
+    caplog.set_level(logging.WARNING, "verl_hyperlight")
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "4")
+    tight = cluster.add("tight", {"tight": 1})
+    config = {
+        "sandbox_fusion_url": "hyperlight://?ray=tight",
+        "session": "trajectory",
+        "num_workers": 1,
+        "max_sessions": 8,
+    }
+    runner = CodeRunner(ToolSettings.from_config(config))
+
+    def ask(code: str, key: str) -> tuple[str, dict[str, Any]]:
+        return asyncio.run(runner.call({"code": code}, key))
+
+    try:
+        assert ask("x = 1\nprint(x)", "holder")[0] == "1\n"
+        with ThreadPoolExecutor(4) as pool:
+            newcomers = [pool.submit(ask, "print('in')", f"new{i}") for i in range(3)]
+            holder = pool.submit(ask, "x += 1\nprint(x)", "holder")
+            answers = [future.result(timeout=120) for future in newcomers]
+            assert holder.result(timeout=120)[0] == "2\n"
+        assert all(found["status"] == "SandboxError" for _, found in answers)
+        said = [m for r in caplog.records if "no unit of 'tight'" in (m := r.getMessage())]
+        assert said and "all 1 the cluster offers are held by notebooks and cases" in said[0]
+        assert "lower the code tool's max_sessions" in said[0]
+        assert ask("print(x)", "holder")[0] == "2\n"  # its state all along
+        assert wait_for(lambda: pending_demand(cluster, "tight") == 0, limit=30)  # withdrawn
+    finally:
+        runner.close()
+        cluster.remove(tight)
+
+
+def test_max_sessions_with_ray_follows_the_units_the_cluster_offers(
+    cluster: RayCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    from verl_hyperlight.agent.calls import ToolSettings
+
+    def sized(url: str, num_workers: int) -> int:
+        config = {"sandbox_fusion_url": url, "session": "trajectory", "num_workers": num_workers}
+        return ToolSettings.from_config(config).max_sessions
+
+    many = cluster.add("many", {"many": 24})
+    try:
+        assert sized("hyperlight://?ray=many", 1) == 24 // 8  # shared by verl's 8 loop workers
+        assert sized("hyperlight://?ray=many", 4) == 4  # never fewer than the calls at once
+    finally:
+        cluster.remove(many)
+    assert sized("hyperlight://?ray=nowhere", 3) == 3  # unknown: num_workers, said why
+    assert any("no node offers 'nowhere' yet" in r.getMessage() for r in caplog.records)
+
+
+def test_serve_is_ready_when_a_node_offers_the_resource_and_runs_a_probe_there(
+    cluster: RayCluster,
+) -> None:
+    import asyncio
+
+    from verl_hyperlight.server import app as serve
+
+    def readiness(url: str) -> tuple[bool, str]:
+        settings = serve.Settings(url=url, cluster=True, max_concurrent=2)
+        server = serve.create_app(settings).server
+
+        async def until_decided() -> tuple[bool, str]:
+            while True:
+                ready, reason = await server.readiness()
+                if reason != "warming up":
+                    return ready, reason
+
+        return asyncio.run(until_decided())
+
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    before = a.case_runs() + b.case_runs()
+    assert readiness("hyperlight://?ray") == (True, "ready")
+    assert a.case_runs() + b.case_runs() == before + 1  # the probe case, on a node
+    ready, reason = readiness("hyperlight://?ray=nobody")
+    assert not ready and "no alive node of the Ray cluster offers the resource 'nobody'" in reason
+    assert not cluster.head_log.exists()
+
+
+def test_selftest_runs_its_programs_on_the_nodes_that_offer_the_resource(
+    cluster: RayCluster,
+) -> None:
+    from verl_hyperlight.commands import selftest
+    from verl_hyperlight.commands.conformance import PROGRAMS
+
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    before = a.case_runs() + b.case_runs()
+    report = selftest.selftest("hyperlight://?ray", 4, programs=PROGRAMS[:8])
+    assert report.ok, selftest.render(report)
+    names = [check.name for check in report.checks]
+    assert names[0] == "nodes" and names.count("case") == 2 and names[-1] == "notebook"
+    assert a.case_runs() + b.case_runs() >= before + 8
+    assert not cluster.head_log.exists()
+
+
+def test_warm_up_warms_each_node_that_offers_the_resource_once(
+    cluster: RayCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_hyperlight.cli import main
+
+    assert main(["warm-up", "hyperlight://?ray", "--memory-limit-mb", "512"]) == 0
+    said = capsys.readouterr().out.splitlines()
+    ids = {node["NodeID"][:8] for node in cluster.ray.nodes()}
+    assert len(said) == 2 and all("the python image is warm on this node" in line for line in said)
+    assert {line.split("]")[0].split()[-1] for line in said} <= ids
+    assert not cluster.head_log.exists()
+    assert main(["warm-up", "hyperlight://?ray=nobody"]) == 1
+
+
+def test_a_memory_limit_is_judged_by_the_nodes_that_run_the_case(
+    cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU node with less memory than the KVM nodes sends them a limit it could not run."""
+    from verl_hyperlight import node
+
+    monkeypatch.setattr(node, "memory_mb", lambda: 1024)  # this process's node: 1 GiB
+    response, error = run_code("hyperlight://", "print(1)", "", None, 10, 2048)
+    assert response is None and error is not None and "more than half" in error
+    answer, error = run_code("hyperlight://?ray", "print(3)", "", None, 10, 2048)
+    assert error is None and answer is not None and result(answer)[3] == "3\n"
+
+
+def test_the_kuberay_example_is_a_kvm_group_the_autoscaler_starts_from_zero() -> None:
+    """examples/kuberay.yaml, read by Ray's own KubeRay autoscaler configuration."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
+    import yaml
+    from ray.autoscaler._private.kuberay.autoscaling_config import (
+        _derive_autoscaling_config_from_ray_cr,
+    )
+
+    cr = yaml.safe_load((ROOT / "examples" / "kuberay.yaml").read_text())
+    config = _derive_autoscaling_config_from_ray_cr(cr)
+    kvm = config["available_node_types"]["kvm"]
+    assert kvm["resources"]["hyperlight"] == 8 and kvm["min_workers"] == 0
+    assert config["idle_timeout_minutes"] == 1
+    head = config["available_node_types"]["headgroup"]
+    assert "hyperlight" not in head["resources"] and head["resources"].get("CPU", 0) == 0

@@ -385,3 +385,33 @@ def test_many_trajectories_at_once_each_keep_their_own_notebook(host: Host) -> N
     finally:
         runner.close()
     assert wait_for(lambda: not still_running(held), 30)
+
+
+def test_a_notebook_past_its_console_cap_is_restarted_and_says_so(
+    runner: CodeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hluk keeps all its guest printed in memory while it runs: a notebook whose calls printed
+    past the cap gets a new micro-VM (the old one ended), told to the model as any restart."""
+    from verl_hyperlight.hluk.notebook import NotebookProcess
+
+    monkeypatch.setattr(NotebookProcess, "console_limit", 1_500_000)
+    assert ask(runner, "x = 1\nprint('x' * 400_000)") == "x" * 400_000 + "\n"
+    (first,) = notebooks()
+    assert ask(runner, "print('y' * 400_000)") == "y" * 400_000 + "\n"
+    assert ask(runner, "print(x)") == "1\n"  # about 1.07 MB of console (base64): not yet
+    assert ask(runner, "print('z' * 400_000)") == "z" * 400_000 + "\n"  # 1.6 MB: spent
+    answer = ask(runner, "print('x' in globals())")
+    assert answer == f"False\n{NOTEBOOK_RESTARTED}"
+    assert first not in notebooks() and len(notebooks()) == 1
+    assert ask(runner, "print('after')") == "after\n"
+
+
+def test_a_notebook_past_its_calls_cap_is_restarted_and_says_so(
+    runner: CodeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verl_hyperlight.agent import notebook as _notebook
+
+    monkeypatch.setattr(_notebook, "CALLS_LIMIT", 3)
+    for n in range(3):
+        assert ask(runner, f"n = {n}\nprint(n)") == f"{n}\n"
+    assert ask(runner, "print('n' in globals())") == f"False\n{NOTEBOOK_RESTARTED}"

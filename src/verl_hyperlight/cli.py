@@ -10,15 +10,14 @@ import sys
 from collections.abc import Sequence
 from typing import TypeAlias
 
-from . import __version__, diagnosis, node
-from .case import gate
-from .case.api import run_code
+from . import __version__, diagnosis, node, settings
+from .case import cluster
+from .case.api import run_code, warm_up
 from .case.guests import Guest, guest_for
-from .case.url import is_http
+from .case.url import is_http, parse_url
 from .case.warmup import Warmth
 from .commands.progress import progress
 from .errors import BackendError, InvalidRequest
-from .hluk.binary import hluk_path
 from .hluk.spawn import raise_descriptor_limit
 from .settings import TOKEN, ServeSettings, memory_limit_refusal
 
@@ -42,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
         _add_serve,
     ):
         add(commands)
+    for command in commands.choices.values():
+        # What the checks after parsing refuse is that command's usage error (exit 2).
+        command.set_defaults(usage=command)
     return parser
 
 
@@ -172,9 +174,7 @@ def _add_serve(commands: _Commands) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     serve.add_argument("--port", type=int, default=8080, help="port (8080)")
     serve.add_argument("--url", default="hyperlight://", help="sandbox URL the cases run with")
-    # Parsed here, judged by ServeSettings (settings.py), which makes the defaults too: its
-    # refusal is this parser's usage error.
-    serve.set_defaults(usage=serve)
+    # Parsed here, judged by ServeSettings (settings.py), which makes the defaults too.
     serve.add_argument(
         "--max-concurrent",
         type=int,
@@ -222,15 +222,31 @@ def _add_serve(commands: _Commands) -> None:
 
 
 def _memory_limit(text: str) -> int:
-    """A --memory-limit-mb: verl's memory_limit_mb, at most what serve lets a request ask for."""
+    """A --memory-limit-mb: verl's memory_limit_mb (judged against the nodes that run the
+    cases once the URL is known: `_judge_memory`)."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB") from None
-    refusal = memory_limit_refusal(value)
+
+
+def _on_cluster(url: object) -> bool:
+    """Whether `url` sends cases to the nodes of a Ray cluster (hyperlight://...?ray)."""
+    try:
+        return parse_url(url).ray is not None
+    except InvalidRequest:
+        return False
+
+
+def _judge_memory(args: argparse.Namespace) -> None:
+    """Refuse a --memory-limit-mb past the most a case may ask for on this node, as serve
+    refuses it, when the cases run here: a ?ray URL's nodes judge it by their own memory."""
+    memory = getattr(args, "memory_limit_mb", None)
+    if args.command == "serve" or memory is None or _on_cluster(getattr(args, "url", None)):
+        return
+    refusal = memory_limit_refusal(memory)
     if refusal is not None:
-        raise argparse.ArgumentTypeError(refusal)
-    return value
+        args.usage.error(f"argument --memory-limit-mb: {refusal}")
 
 
 def _levels(text: str) -> list[int]:
@@ -269,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     parser = _parser()
     args = parser.parse_args(argv)
+    _judge_memory(args)
     if args.command == "serve":
         try:
             args.settings = _serve_settings(args)
@@ -279,11 +296,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidRequest as exc:
         print(f"verl-hyperlight {args.command}: {exc}", file=sys.stderr)
         return 2
+    if args.command == "warm-up" and _on_cluster(args.url):
+        return _warm_up_the_cluster(args.url, args.memory_limit_mb)
     if args.command == "warm-up":
         assert guest is not None
         try:
             with progress(f"seeing {guest.image.label} warm (a pull and a boot if needed)"):
-                warmth = gate.ensure_ready(hluk_path(), guest)
+                warmth = warm_up(args.url, args.memory_limit_mb)
         except BackendError as exc:
             print(f"verl-hyperlight: {exc}", file=sys.stderr)
             return 1
@@ -327,6 +346,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _warm_up_the_cluster(url: str, memory_limit_mb: int) -> int:
+    """warm-up of a ?ray URL: each alive node that offers its resource warms its guest (a task
+    pinned there, all at once), each said as it comes; 1 when a node could not."""
+    parsed = parse_url(url)
+    assert parsed.ray is not None
+    try:
+        nodes = cluster.nodes_offering(parsed.ray)
+    except BackendError as exc:
+        print(f"verl-hyperlight: {exc}", file=sys.stderr)
+        return 1
+    if not nodes:
+        print(f"verl-hyperlight: {diagnosis.ray_nodes_to_warm(parsed.ray)}", file=sys.stderr)
+        return 1
+    limit = settings.WARM_UP_TIMEOUT.value() + settings.STARTUP_TIMEOUT.value() + 30
+    failed = 0
+    with progress(f"warming up {len(nodes)} node(s) that offer {parsed.ray!r}"):
+        found = cluster.run_on_each(
+            parsed.ray, nodes, _warm_up_here, (parsed.local, memory_limit_mb), limit
+        )
+        for node, said in found:
+            if isinstance(said, tuple) and said[0]:
+                print(f"[{node.label}] {said[1]}", flush=True)
+            else:
+                failed += 1
+                why = said[1] if isinstance(said, tuple) else repr(said)
+                print(f"[{node.label}] verl-hyperlight: {why}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
+def _warm_up_here(url: str, memory_limit_mb: int) -> tuple[bool, str]:
+    """On a node of the cluster: its guest of `url` seen warm (True), said as warm-up says
+    it; or why it cannot be (False)."""
+    guest = guest_for(url, memory_limit_mb)
+    try:
+        warmth = warm_up(url, memory_limit_mb)
+    except BackendError as exc:
+        return False, str(exc)
+    return True, f"{guest.image.label} is warm on this node{_how(warmth)}"
+
+
 def _guest(args: argparse.Namespace) -> Guest | None:
     """The guest a command that runs cases here asks for with its sandbox URL and memory limit
     (None for the others, and for run with an http(s) URL: the remote's to judge). Raises
@@ -366,6 +425,7 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
     return ServeSettings(
         url=args.url,
         token=TOKEN.value(),
+        cluster=_on_cluster(args.url),
         **{name: value for name, value in given.items() if value is not None},
     )
 

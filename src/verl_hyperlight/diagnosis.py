@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import BackendError, Diagnosis
 from .outcome import Ending, RawOutcome
-from .settings import CASE_DIR, HLUK_PATH, SPAWN, STARTUP_TIMEOUT, WARM_UP_TIMEOUT
+from .settings import CASE_DIR, HLUK_PATH, RAY_WAIT, SPAWN, STARTUP_TIMEOUT, WARM_UP_TIMEOUT
 
 INSTALL_COMMAND = (
     "curl -fsSL https://raw.githubusercontent.com/hyperlight-dev/hyperlight-unikraft/main/"
@@ -462,17 +462,57 @@ def ray_unreachable(why: str) -> BackendError:
     )
 
 
-def ray_resource_offered_by_none(resource: str, seconds: float) -> BackendError:
-    """No alive node of the cluster offers the resource the URL names."""
-    return _failed(
-        f"no alive node of the Ray cluster offers the resource {resource!r} (waited "
-        f"{seconds:.0f} s, {STARTUP_TIMEOUT.name})",
+def _offer(resource: str) -> str:
+    """How nodes come to offer `resource`."""
+    return (
         f"start the nodes that have /dev/kvm and hluk with `ray start --address=HEAD:6379 "
         f"--resources='{{\"{resource}\": N}}'`, N being the micro-VMs each runs at once "
-        "(KubeRay: rayStartParams resources of their worker group), or name the resource they "
-        "offer with ?ray=NAME",
+        "(KubeRay: rayStartParams resources of their worker group, which an autoscaler starts "
+        "from zero on this demand), or name the resource they offer with ?ray=NAME"
+    )
+
+
+def ray_resource_offered_by_none(resource: str, seconds: float) -> BackendError:
+    """No alive node of the cluster offered the resource the URL names, all the while a case
+    waited for one."""
+    return _failed(
+        f"no alive node of the Ray cluster offers the resource {resource!r} (waited "
+        f"{seconds:.0f} s, {RAY_WAIT.name})",
+        _offer(resource),
         f"ray-no-{resource}",
-        after="cases fail at once while none does, and run again as soon as a node offers it",
+        after="each case waits so, pending where Ray's autoscaler sees it, and runs as soon as "
+        "a node offers it",
+    )
+
+
+def ray_awaiting_a_node(resource: str, seconds: float) -> str:
+    """What is said (once) when cases start waiting for a node that offers `resource`."""
+    return (
+        f"no alive node of the Ray cluster offers {resource!r} yet: its cases wait for one, up "
+        f"to {seconds:.0f} s each ({RAY_WAIT.name}), pending where Ray's autoscaler sees them; "
+        f"to add nodes by hand, {_offer(resource)}"
+    )
+
+
+def ray_nodes_to_warm(resource: str) -> str:
+    """What `warm-up` says of a ?ray URL when no alive node offers `resource`."""
+    return (
+        f"no alive node of the Ray cluster offers {resource!r}, so none can be warmed up: "
+        f"{_offer(resource)}, then run this again"
+    )
+
+
+def ray_units_held(resource: str, units: float, seconds: float) -> BackendError:
+    """A notebook's actor found no unit of `resource` free within `seconds`: each unit the
+    cluster offers is held (by notebooks and cases)."""
+    return _failed(
+        f"no unit of {resource!r} came free for a notebook within {seconds:.0f} s: all "
+        f"{units:g} the cluster offers are held by notebooks and cases",
+        "raise the units the KVM nodes offer (or add nodes), or lower the code tool's "
+        "max_sessions, whose notebooks each hold one",
+        "ray-units-held",
+        persistent=False,
+        after="the call is answered at once; the trajectory's next call tries again",
     )
 
 

@@ -20,6 +20,7 @@ import functools
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -243,6 +244,13 @@ RAY_ADDRESS = Setting(
     "The Ray cluster a `?ray` URL joins when Ray is not initialised in the process (Ray's own "
     "setting); never a new cluster of our own.",
 )
+RAY_WAIT = _seconds(
+    "VERL_HYPERLIGHT_RAY_WAIT",
+    300.0,
+    "Seconds a `?ray` case (or notebook) waits, while no alive node offers its resource, for one "
+    "to join: pending meanwhile, so that Ray's autoscaler sees the demand and can start a node "
+    "(from zero); past it the case is answered SandboxError.",
+)
 XDG_CACHE_HOME = Setting(
     "XDG_CACHE_HOME",
     None,
@@ -284,6 +292,7 @@ ALL: tuple[Setting[Any], ...] = (
     HLUK_REGISTRY,
     HLUK_IMAGE_VERSION,
     RAY_ADDRESS,
+    RAY_WAIT,
     XDG_CACHE_HOME,
     VERL_PLUGINS,
     VERL_MODULES,
@@ -365,6 +374,9 @@ class ServeSettings:
     max_memory_mb: int | None = None  # None: half the node's memory, at least warm_up_memory_mb
     max_run_timeout: float = 300.0
     token: str | None = None
+    # The URL sends cases to a Ray cluster's nodes (?ray): their run_code judges a memory
+    # limit by their own memory, and this node's is no cap.
+    cluster: bool = False
 
     def __post_init__(self) -> None:
         for option, value in (
@@ -392,7 +404,7 @@ class ServeSettings:
             ("--memory-limit-mb", self.warm_up_memory_mb),
             ("--max-memory-mb", self.max_memory_mb),
         ):
-            refusal = None if memory is None else memory_limit_refusal(memory)
+            refusal = None if memory is None or self.cluster else memory_limit_refusal(memory)
             if refusal is not None:
                 raise ValueError(f"argument {option}: {refusal}")
         if self.memory_cap < self.warm_up_memory_mb:
@@ -422,6 +434,8 @@ class ServeSettings:
         """The largest memory_limit_MB a request may ask for."""
         if self.max_memory_mb is not None:
             return self.max_memory_mb
+        if self.cluster:
+            return sys.maxsize  # each node refuses what it cannot run, as a SandboxError
         return max(node.most_case_memory_mb(), self.warm_up_memory_mb)
 
 

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import diagnosis, node
+from ..case import cluster
 from ..case.api import run_code
 from ..case.guests import guest_for
 from ..case.url import is_http, is_ours, parse_url
-from ..errors import CauseCounts, InvalidRequest
+from ..errors import BackendError, CauseCounts, InvalidRequest
 from .pool import NotebookPool, PooledNotebook
 
 logger = logging.getLogger("verl_hyperlight")
@@ -142,6 +143,30 @@ def default_max_sessions(num_workers: int, micro_vm_mb: int) -> int:
     return max(num_workers, share // (AGENT_LOOP_WORKERS * micro_vm_mb))
 
 
+def sessions_on_the_cluster(resource: str, num_workers: int) -> int:
+    """Notebooks up at once per process by default with ``?ray``: each holds one unit of
+    `resource` on the cluster's nodes, so verl's 8 agent-loop workers share the units the
+    cluster offers now; never fewer than `num_workers`, the calls that run at once anyway (a
+    notebook that finds no unit free within its start-up deadline is answered so: no call
+    waits for one without end). Where the units cannot be known (no node offers them yet, no
+    cluster reached), `num_workers`, said once."""
+    try:
+        units = int(cluster.units(resource))
+    except BackendError as exc:
+        why = f"the cluster cannot be reached ({exc.diagnosis.what})"
+    else:
+        if units > 0:
+            return max(num_workers, units // AGENT_LOOP_WORKERS)
+        why = f"no node offers {resource!r} yet"
+    _once.warn(
+        f"sessions-{resource}",
+        f"the code tool's max_sessions defaults to num_workers ({num_workers}): {why}; set "
+        f"max_sessions to the units of {resource!r} the cluster offers, divided among the "
+        "agent-loop workers",
+    )
+    return num_workers
+
+
 @dataclass(frozen=True)
 class ToolSettings:
     """The tool's config, with the removed SandboxFusionTool's keys and defaults."""
@@ -200,7 +225,11 @@ class ToolSettings:
                 micro_vm_mb = guest_for(url, memory).memory_mb
             except InvalidRequest as exc:
                 raise ValueError(f"code tool config: memory_limit_mb: {exc}") from None
-            max_sessions = default_max_sessions(num_workers, micro_vm_mb)
+            resource = parse_url(url).ray
+            if resource is None:
+                max_sessions = default_max_sessions(num_workers, micro_vm_mb)
+            elif "max_sessions" not in config:
+                max_sessions = sessions_on_the_cluster(resource, num_workers)
         return cls(
             url=url,
             num_workers=num_workers,

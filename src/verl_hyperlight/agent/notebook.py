@@ -28,6 +28,10 @@ from ..outcome import Ending, RawOutcome, Verdict
 
 # Why a call its caller cancelled while its notebook started is answered SandboxError.
 START_CANCELLED = "the call was cancelled before it ended"
+# A notebook's micro-VM runs at most this many calls: past it (or past what its hluk may hold
+# of its console, NotebookProcess.console_limit) the next call starts a new one, and its
+# answer says the notebook was restarted, as after any restart.
+CALLS_LIMIT = 10_000
 
 
 class Notebook:
@@ -56,6 +60,8 @@ class Notebook:
         """`run`'s response, raising what `run` answers as values (as ``api.answer``)."""
         data = api.encode_text("code", code, api.MAX_CODE_BYTES)
         path = hluk_path()
+        if self.process is not None and (self.process.spent or self.calls >= CALLS_LIMIT):
+            self.close()  # bounded: its hluk's memory grows with all it has printed
         if not self.alive:
             self._start(path, cancel)
         assert self.process is not None
@@ -129,6 +135,9 @@ class NotebookHost:
         by the call itself (the actor runs two methods at once for this)."""
         self.cancel.set()
 
+    def placed(self) -> None:
+        """Nothing: answered once the actor holds its unit on a node (see RemoteNotebook)."""
+
     def close(self) -> None:
         self.notebook.close()
 
@@ -136,9 +145,12 @@ class NotebookHost:
 class RemoteNotebook:
     """A notebook of a ``?ray`` URL: its micro-VM on a node of the Ray cluster that offers the
     URL's resource, held there by a NotebookHost actor that needs one unit of it (a notebook
-    is one micro-VM, as a case is), and answered as a local Notebook answers. A cancelled call
-    kills the actor, and with it the micro-VM: the next call starts another (its state lost,
-    as a local notebook's is). Not thread-safe, as Notebook is not."""
+    is one micro-VM, as a case is), and answered as a local Notebook answers. A new actor must
+    hold its unit within the start-up deadline while nodes offer the resource (else every unit
+    is held by others: the call is answered so, the actor withdrawn, and the trajectory's next
+    call tries again), so no call holds its thread waiting for a unit. A cancelled call kills
+    the actor, and with it the micro-VM: the next call starts another (its state lost, as a
+    local notebook's is). Not thread-safe, as Notebook is not."""
 
     def __init__(self, url: str, memory_limit_mb: int | None) -> None:
         parsed = parse_url(url)
@@ -156,15 +168,25 @@ class RemoteNotebook:
         self, code: str, run_timeout: float, cancel: threading.Event | None
     ) -> tuple[Response | None, str | None]:
         """As Notebook.run: never raises."""
-        return api.response_or_error(lambda: self._run(code, run_timeout, cancel))
+        return api.response_or_error(lambda: self.answer(code, run_timeout, cancel))
 
-    def _run(self, code: str, run_timeout: float, cancel: threading.Event | None) -> Response:
+    def answer(self, code: str, run_timeout: float, cancel: threading.Event | None) -> Response:
+        """As Notebook.answer."""
         api.encode_text("code", code, api.MAX_CODE_BYTES)
         if self.actor is None:
             self.actor = cluster.Actor(NotebookHost, self.resource, self.url, self.memory_limit_mb)
             self._generations = 0
         actor = self.actor
         try:
+            if not self.alive and not self._generations:
+                actor.call(
+                    "placed",
+                    (),
+                    cancel,
+                    START_CANCELLED,
+                    lambda call: self._end(actor),
+                    placed_within=deadlines.for_case().startup,
+                )
             response, error, alive, generations = actor.call(
                 "run",
                 (code, run_timeout),

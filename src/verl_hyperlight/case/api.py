@@ -31,6 +31,7 @@ from .response import (
     time_limit_exceeded,
 )
 from .url import parse_url
+from .warmup import Warmth
 
 logger = logging.getLogger("verl_hyperlight")
 
@@ -335,6 +336,14 @@ def answer(
     if timeout <= 0:
         return time_limit_exceeded()  # as the service answers it, at once
     return _run_case(hluk_path(), case, cancel)
+
+
+def warm_up(url: str, memory_limit_mb: int | None) -> Warmth | None:
+    """See the guest of `url` and `memory_limit_mb` warm on this node, as a reward worker does
+    before its first case (an image pull and a warm snapshot, if need be, under the node's
+    lock): what the probe found, or None when it was seen warm already; BackendError when it
+    cannot be."""
+    return gate.ensure_ready(hluk_path(), guest_for(url, memory_limit_mb))
 
 
 def close() -> None:

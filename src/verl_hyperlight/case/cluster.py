@@ -12,9 +12,15 @@ their own. The caller names the function the node runs (``run_code``, with the U
 imports nothing of the case path above it. ``max_retries=0``: Ray runs a task once more
 elsewhere when its node died before it started, and never a started one twice (a started case
 whose node died is answered SandboxError saying so, not run again behind the caller's back).
-Waiting on it, the caller checks that some alive node still offers the resource: when none has
-for the start-up deadline the case is answered SandboxError naming the resource and the
-``ray start`` that offers it, and later cases are answered at once while none does.
+
+The demand stays visible: every case is submitted, and while no alive node offers the
+resource it stays pending in Ray, where the autoscaler sees it (``ray status``: Pending
+Demands) and can start a node of a KVM group, from zero; it is answered as soon as a node
+joins, and SandboxError (naming the resource and the ``ray start`` that offers it) once it has
+waited ``VERL_HYPERLIGHT_RAY_WAIT`` with none, its task cancelled then, as on every way out.
+A notebook's actor is placed within the start-up deadline while nodes offer the resource (all
+of its units held by others: a capacity answer, the actor withdrawn), or within the same wait
+while none does: no caller waits for a unit without a deadline.
 
 Ray is imported only when such a URL is used: the plugin verl imports in every process does
 not load it.
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import diagnosis, settings
-from ..errors import Refused
+from ..errors import CauseCounts, Refused
 
 logger = logging.getLogger("verl_hyperlight")
 
@@ -92,7 +98,7 @@ class _Connection:
         self._remote: dict[tuple[object, str], Any] = {}  # (function, resource): its task
         self._classes: dict[type, Any] = {}
         self._seen: dict[str, tuple[float, bool]] = {}  # resource: (checked at, offered)
-        self._missing: set[str] = set()  # resources a case failed for want of: fail fast
+        self._awaited = CauseCounts()  # resources cases waited for a node of: said once each
 
     def ray(self) -> Any:
         """Ray, imported and connected; BackendError when it cannot be."""
@@ -141,22 +147,13 @@ class _Connection:
         checked, offered = self._seen.get(resource, (-1.0, False))
         if offered and now - checked < PRESENCE_SECONDS:
             return True
-        offered = bool(self.ray().cluster_resources().get(resource, 0) > 0)
+        offered = self.units(resource) > 0
         self._seen[resource] = (now, offered)
-        if offered and resource in self._missing:
-            self._missing.discard(resource)
-            logger.warning(
-                "verl-hyperlight: a node of the Ray cluster offers %r again: its cases run",
-                resource,
-            )
         return offered
 
-    def fail_fast(self, resource: str) -> None:
-        """BackendError at once when a case failed for want of `resource` and no node offers
-        it still."""
-        if resource in self._missing and not self.offered(resource, time.monotonic()):
-            startup = settings.STARTUP_TIMEOUT.value()
-            raise diagnosis.ray_resource_offered_by_none(resource, startup)
+    def units(self, resource: str) -> float:
+        """How many units of `resource` the alive nodes offer in all, now."""
+        return float(self.ray().cluster_resources().get(resource, 0))
 
     def wait(
         self,
@@ -165,12 +162,16 @@ class _Connection:
         cancel: threading.Event | None,
         cancelled: str,
         stop: Callable[[], None],
+        placed_within: float | None = None,
     ) -> Any:
         """What `reference` (a task's or an actor call's, needing `resource`) comes to; on the
-        caller's cancel (Refused with `cancelled`), on no node offering `resource` for the
-        start-up deadline (BackendError), or on any other way out, `stop` is called first."""
+        caller's cancel (Refused with `cancelled`), on no node offering `resource` for
+        VERL_HYPERLIGHT_RAY_WAIT (BackendError), or on any other way out, `stop` is called
+        first. With `placed_within`, it must also come within that many seconds while nodes
+        offer the resource (an actor waiting for a unit others hold: BackendError)."""
         ray = self.ray()
-        startup = settings.STARTUP_TIMEOUT.value()
+        limit = settings.RAY_WAIT.value()
+        began = time.monotonic()
         unoffered_since: float | None = None
         try:
             while True:
@@ -183,11 +184,19 @@ class _Connection:
                 now = time.monotonic()
                 if self.offered(resource, now):
                     unoffered_since = None
+                    if placed_within is not None and now - began >= placed_within:
+                        raise diagnosis.ray_units_held(
+                            resource, self.units(resource), placed_within
+                        )
                     continue
-                unoffered_since = now if unoffered_since is None else unoffered_since
-                if now - unoffered_since >= startup:
-                    self._missing.add(resource)
-                    raise diagnosis.ray_resource_offered_by_none(resource, startup)
+                if unoffered_since is None:
+                    unoffered_since = now
+                    if self._awaited.first(resource):
+                        logger.warning(
+                            "verl-hyperlight: %s", diagnosis.ray_awaiting_a_node(resource, limit)
+                        )
+                if now - unoffered_since >= limit:
+                    raise diagnosis.ray_resource_offered_by_none(resource, limit)
         except BaseException:
             stop()
             raise
@@ -229,12 +238,17 @@ def run(
     BackendError when none does or Ray fails it, Refused with `cancelled` when the caller
     cancelled it."""
     ray = _connection.ray()
-    _connection.fail_fast(resource)
     reference = _connection.task(function, resource).remote(*arguments, **options)
     # Killed where it runs (its worker process, and with it the micro-VM's hluk), or taken
     # off the queue.
     stop: Callable[[], None] = lambda: ray.cancel(reference, force=True)  # noqa: E731
     return _connection.wait(reference, resource, cancel, cancelled, stop)
+
+
+def units(resource: str) -> float:
+    """How many units of `resource` the cluster's alive nodes offer in all now; BackendError
+    when the cluster cannot be reached."""
+    return _connection.units(resource)
 
 
 def nodes_offering(resource: str) -> list[Node]:
@@ -248,15 +262,19 @@ def nodes_offering(resource: str) -> list[Node]:
 
 
 def run_on_each(
-    resource: str, nodes: list[Node], function: Callable[..., Any], argument: Any, timeout: float
+    resource: str,
+    nodes: list[Node],
+    function: Callable[..., Any],
+    arguments: tuple[Any, ...],
+    timeout: float,
 ) -> Iterator[tuple[Node, Any]]:
-    """``function(argument)`` on each of `nodes` (a task pinned there, holding a unit of
+    """``function(*arguments)`` on each of `nodes` (a task pinned there, holding a unit of
     `resource`), all at once; each node with its answer, in order, or with the exception that
     stood for it (its node died, it ran past `timeout`, Ray failed it)."""
     ray = _connection.ray()
     task = ray.remote(function)
     pending = [
-        (node, task.options(**_placement(resource, node.node_id), max_retries=0).remote(argument))
+        (node, task.options(**_placement(resource, node.node_id), max_retries=0).remote(*arguments))
         for node in nodes
     ]
     for node, reference in pending:
@@ -271,7 +289,6 @@ class Actor:
     it for its whole life; its calls run two at a time (one may end the other)."""
 
     def __init__(self, cls: type, resource: str, *arguments: Any) -> None:
-        _connection.fail_fast(resource)
         self.resource = resource
         placed = _connection.actor_class(cls).options(
             **_placement(resource), max_restarts=0, max_concurrency=2
@@ -285,11 +302,15 @@ class Actor:
         cancel: threading.Event | None,
         cancelled: str,
         stop: Callable[[Any], None],
+        placed_within: float | None = None,
     ) -> Any:
-        """What ``method(*arguments)`` answers, waited for as `run` waits for a case;
+        """What ``method(*arguments)`` answers, waited for as `run` waits for a case (with
+        `placed_within`, the actor's first call: held to that while nodes offer the resource);
         `stop(call)` is called first on any way out but the answer."""
         call = getattr(self.handle, method).remote(*arguments)
-        return _connection.wait(call, self.resource, cancel, cancelled, lambda: stop(call))
+        return _connection.wait(
+            call, self.resource, cancel, cancelled, lambda: stop(call), placed_within
+        )
 
     def end(self, running: Any = None, cancel_method: str | None = None) -> None:
         """Kill the actor; with a `running` call, `cancel_method` is called first and the call

@@ -71,10 +71,8 @@ class Guest:
         return [*self.image.args, *memory, *mount, "--warm-exec", warm_exec]
 
 
-def image_for(url: str) -> Image:
-    """The image a sandbox URL names; InvalidRequest for one that is not ours or is
-    malformed."""
-    image = parse_url(url).image
+def _image_named(image: str) -> Image:
+    """The image of a URL's image name ("python", "agent", or a full reference)."""
     if image == "python":
         initrd = settings.HLUK_INITRD.value()
         if initrd is not None:
@@ -109,8 +107,11 @@ def memory_for(memory_limit_mb: float) -> int:
 
 
 def guest_for(url: str, memory_limit_mb: object) -> Guest:
-    """The guest for a case: the URL's image with the memory `memory_for` gives the limit."""
-    image = image_for(url)
+    """The guest for a case: the URL's image with the memory `memory_for` gives the limit. A
+    limit past the most a case may ask for on this node is refused, unless the URL sends the
+    case to the Ray cluster's nodes (``?ray``), whose own run_code judges it by their memory."""
+    parsed = parse_url(url)
+    image = _image_named(parsed.image)
     if memory_limit_mb is None or (
         not isinstance(memory_limit_mb, bool) and memory_limit_mb in (-1, 0)
     ):
@@ -134,7 +135,7 @@ def guest_for(url: str, memory_limit_mb: object) -> Guest:
             f"use at least {image.min_memory_mb} (or None/-1/0 for the image's default)"
         )
     most = node.most_case_memory_mb()
-    if memory_limit_mb > most:
+    if memory_limit_mb > most and parsed.ray is None:
         raise InvalidRequest(
             f"memory_limit_mb={memory_limit_mb} is more than half this node's memory "
             f"({most} MiB), the most a case may ask for: the limit is the micro-VM's memory, in "

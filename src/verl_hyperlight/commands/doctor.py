@@ -83,7 +83,7 @@ def checks(options: Options) -> Iterator[Check]:
     yield from _platform()
     resource = _ray_resource(options.url)
     if resource is not None:
-        yield from _cluster_checks(options, resource)
+        yield from cluster_checks(options, resource)
         yield from _verl()
         return
     path = yield from hluk_checks()
@@ -105,7 +105,7 @@ def _ray_resource(url: str) -> str | None:
         return None  # the guest check says what is wrong with it
 
 
-def _cluster_checks(options: Options, resource: str) -> Iterator[Check]:
+def cluster_checks(options: Options, resource: str) -> Iterator[Check]:
     """hyperlight://?ray: the cluster reached, the alive nodes that offer `resource`, and on
     each of them (a task pinned there) the checks of hluk, /dev/kvm, the warm guest and a case
     end to end, as doctor makes them on a node of its own."""
@@ -127,7 +127,7 @@ def _cluster_checks(options: Options, resource: str) -> Iterator[Check]:
     )
     local = replace(options, url=parse_url(options.url).local)
     limit = settings.WARM_UP_TIMEOUT.value() + settings.STARTUP_TIMEOUT.value() + 30
-    for member, found in cluster.run_on_each(resource, offering, _node_checks, local, limit):
+    for member, found in cluster.run_on_each(resource, offering, _node_checks, (local,), limit):
         place = f"[{member.label}]"
         if isinstance(found, Exception):
             yield fail("node", f"{place} its checks did not come back: {found!r}", "ray status")

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .. import diagnosis, node
-from ..agent.notebook import Notebook
+from ..agent.notebook import Notebook, RemoteNotebook
 from ..case.api import run_code
 from ..case.url import parse_url
 from ..errors import BackendError, InvalidRequest, Refused
@@ -114,9 +114,14 @@ def checks(url: str) -> Generator[doctor.Check, None, None]:
     """doctor's checks of what a case needs: hluk (found, runnable, its version) and the guest
     (its warm snapshot, taken if missing, and a case end to end). A failed one is yielded
     before it stops them."""
+    options = doctor.Options(url=url, memory_limit_mb=MEMORY_LIMIT_MB)
+    resource = parse_url(url).ray
+    if resource is not None:
+        # Cases run on the cluster's nodes that offer the resource: doctor checks each there.
+        yield from doctor.cluster_checks(options, resource)
+        return
     path = yield from doctor.hluk_checks()
     if path is not None:
-        options = doctor.Options(url=url, memory_limit_mb=MEMORY_LIMIT_MB)
         yield from doctor.guest_checks(path, options)
 
 
@@ -124,7 +129,8 @@ def notebook_check(url: str) -> doctor.Check:
     """The code tool's notebook path (``agent.notebook``), as a trajectory's calls take it: a
     notebook started, two calls that share a variable, and its end (after which a call finds a
     new notebook, without that variable)."""
-    notebook = Notebook(url, MEMORY_LIMIT_MB)
+    on_cluster = parse_url(url).ray is not None
+    notebook = (RemoteNotebook if on_cluster else Notebook)(url, MEMORY_LIMIT_MB)
     which = ""
     try:
         started = time.monotonic()

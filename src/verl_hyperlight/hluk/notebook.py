@@ -30,6 +30,12 @@ class NotebookProcess:
     # The largest request a call takes (protocol.request_lines: code of about 768 KiB). It is
     # written as the guest reads it, through a pipe of one page.
     capacity = 1024 * 1024
+    # hluk keeps every console write of its guest in memory for as long as it runs (its
+    # HostPrint appends each to a string that `run`'s drive loop never drains: hyperlight-
+    # unikraft's src/lib.rs, GuestConfig::register; src/main.rs, drive). A notebook's hluk
+    # lives across its calls, so past this much of its console (the calls' output, base64 in
+    # frames) it is ended, and its notebook starts a new one, said to the model as any restart.
+    console_limit = 64 * 1024 * 1024
 
     def __init__(self, argv: list[str]) -> None:
         self.path = argv[0]
@@ -37,6 +43,7 @@ class NotebookProcess:
         self.stderr = Tail(HLUK_STDERR_LIMIT)
         self._lock = threading.Lock()
         self._alive = True
+        self.console_bytes = 0  # what hluk holds of its console, since it started
         assert self.proc.stdin is not None
         os.set_blocking(self.proc.stdin, False)
 
@@ -44,6 +51,11 @@ class NotebookProcess:
     def alive(self) -> bool:
         """Whether it is up: not stopped yet."""
         return self._alive
+
+    @property
+    def spent(self) -> bool:
+        """Whether hluk holds `console_limit` of its console: time for a new one."""
+        return self.console_bytes >= self.console_limit
 
     def await_up(
         self, nonce: str, deadlines: Deadlines, cancel: threading.Event | None = None
@@ -86,6 +98,8 @@ class NotebookProcess:
         except BaseException:
             self.stop()
             raise
+        finally:
+            self.console_bytes += console.total
         if watched.guest_waits:
             return watched.outcome(self.path, None, self.stderr)
         return watched.outcome(self.path, self.stop(), self.stderr)

@@ -84,20 +84,22 @@ async def _run_admitted(
     """POST /run_code, admitted: read, validate, take a micro-VM, run, answer."""
     started = time.monotonic()
     limit = server.deadlines.body_read
-    reader = asyncio.ensure_future(_read_body(receive, place))
-    server.readers.add(reader)
+    # The body read is interrupted by cancelling this handler, as asyncio.timeout does, at
+    # the deadline or when the server stops (a timer and a set, not a task per request).
+    reading = server.reading(limit)
     try:
-        body = await asyncio.wait_for(reader, limit)
-    except asyncio.TimeoutError:
-        await _slow_body(server, scope, send, limit)
-        return
+        body = await _read_body(receive, place)
     except asyncio.CancelledError:
-        if not (server.stopping and reader.cancelled()):
+        why = reading.interrupted()
+        if why is None:
             raise
-        await _stopping(server, scope, send)
+        if why == "stopping":
+            await _stopping(server, scope, send)
+        else:
+            await _slow_body(server, scope, send, limit)
         return
     finally:
-        server.readers.discard(reader)
+        reading.done()
     if body is None:
         return  # gone before it was read: nothing to answer
     request = await server.parse(body, header(scope, b"content-type"))

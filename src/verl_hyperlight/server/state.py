@@ -19,10 +19,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .. import deadlines
-from ..case import api, gate
+from .. import deadlines, diagnosis
+from ..case import api, cluster, gate
 from ..case.guests import guest_for
-from ..errors import BackendError, InvalidRequest
+from ..case.url import parse_url
+from ..errors import BackendError, Diagnosis, InvalidRequest
 from ..hluk.binary import hluk_path
 from ..settings import POD_NAME, ServeSettings
 from .metrics import Metrics
@@ -35,6 +36,8 @@ logger = logging.getLogger("verl_hyperlight.serve")
 # micro-VM at most this much longer than its compile_timeout allows, so that its run still fits.
 WAIT_MARGIN_SECONDS = 5.0
 READINESS_WAIT_SECONDS = 2.0
+# A ?ray server's readiness runs one case through the cluster: it has this long to run.
+PROBE_RUN_SECONDS = 10.0
 # Parsing a body takes 5 to 10 ms per MiB: past this size it is parsed in a thread, so the loop
 # answers /readyz and watches disconnects between the parse's steps (each step, such as one
 # long string's decode, still holds the interpreter while it runs).
@@ -42,6 +45,38 @@ PARSE_ON_LOOP_BYTES = 64 * 1024
 # How long a stopping server waits for its cancelled cases' micro-VMs to be killed.
 STOP_SECONDS = 10.0
 MIB = 1024 * 1024
+
+
+class Reading:
+    """A handler reading its request's body, interrupted by cancelling the handler's task (as
+    asyncio.timeout interrupts what it bounds): at its deadline ("deadline"), or when the server
+    stops ("stopping"). The handler asks `interrupted` on a CancelledError: None when the
+    cancel was not this one's (the handler's own end), to be let through."""
+
+    __slots__ = ("server", "task", "timer", "why")
+
+    def __init__(self, server: Server, limit: float) -> None:
+        self.server = server
+        self.task = asyncio.current_task()
+        self.why: str | None = None
+        self.timer = asyncio.get_running_loop().call_later(limit, self.interrupt, "deadline")
+
+    def interrupt(self, why: str) -> None:
+        if self.why is None and self.task is not None:
+            self.why = why
+            self.task.cancel()
+
+    def interrupted(self) -> str | None:
+        """Why this reading interrupted the handler, if it did; the cancel is then taken back."""
+        if self.why is not None and self.task is not None:
+            uncancel = getattr(self.task, "uncancel", None)  # Python 3.11 and later
+            if uncancel is not None:
+                uncancel()
+        return self.why
+
+    def done(self) -> None:
+        self.timer.cancel()
+        self.server.readers.discard(self)
 
 
 class Place:
@@ -152,7 +187,7 @@ class Server:
         self.in_flight: set[threading.Event] = set()
         # The handlers' body reads under way, answered at once when the server stops (their
         # case has not started: nothing is lost, and no grace is owed them).
-        self.readers: set[asyncio.Future[Any]] = set()
+        self.readers: set[Reading] = set()
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it has started
         self.serving = False
@@ -164,19 +199,46 @@ class Server:
     # readiness
 
     def _check_backend(self) -> None:
-        """See the guest warm (a probe when hluk's cache changed, else two stat calls)."""
+        """See the guest warm (a probe when hluk's cache changed, else two stat calls); with a
+        ?ray URL, see an alive node offer the resource and, while the server is not serving
+        yet, a probe case answered through the cluster."""
+        url, memory = self.settings.url, self.settings.warm_up_memory_mb
         try:
-            guest = guest_for(self.settings.url, self.settings.warm_up_memory_mb)
-            warmth = gate.ensure_ready(hluk_path(), guest)
+            resource = parse_url(url).ray
+            if resource is None:
+                guest = guest_for(url, memory)
+                warmth = gate.ensure_ready(hluk_path(), guest)
+                how = "" if warmth is None else f" (probe took {warmth.seconds:.2f} s)"
+                became = f"{guest.image.label} is warm{how}"
+            else:
+                became = self._check_the_cluster(url, resource, memory)
         except (BackendError, InvalidRequest) as exc:
             if self.serving or self.reason != str(exc):
                 logger.error("not ready: %s", exc)
             self.serving, self.reason = False, str(exc)
             return
         if not self.serving:
-            how = "" if warmth is None else f" (probe took {warmth.seconds:.2f} s)"
-            logger.info("ready: %s is warm%s", guest.image.label, how)
+            logger.info("ready: %s", became)
         self.serving, self.reason = True, "ready"
+
+    def _check_the_cluster(self, url: str, resource: str, memory: int) -> str:
+        """What makes a ?ray server ready: an alive node offers `resource`, and (once) a probe
+        case ran there; BackendError naming the resource when not."""
+        nodes = cluster.nodes_offering(resource)
+        if not nodes:
+            raise diagnosis.ray_resource_offered_by_none(resource, 0)
+        if not self.serving:
+            response = api.answer(url, "print(1)", "", PROBE_RUN_SECONDS, memory)
+            if response["status"] != "Success":
+                raise BackendError(
+                    Diagnosis(
+                        f"a probe case through the cluster answered {response['status']}: "
+                        f"{response.get('message') or response.get('run_result')}",
+                        "",
+                        "ray-probe",
+                    )
+                )
+        return f"{len(nodes)} node(s) of the Ray cluster offer {resource!r}"
 
     def start_check(self) -> asyncio.Future[None]:
         """Check the backend in a daemon thread: a warm-up (a pull, a boot: up to 900 s) must
@@ -291,12 +353,19 @@ class Server:
             watcher.cancel()
         return response, error, cancel.is_set()
 
+    def reading(self, limit: float) -> Reading:
+        """The current handler begins to read its body: interrupted past `limit` seconds, or
+        when the server stops (see Reading)."""
+        reading = Reading(self, limit)
+        self.readers.add(reading)
+        return reading
+
     def stop_reading(self) -> None:
         """The server stops: the requests whose bodies are still being read are answered now
         (503), not after the grace the cases in flight get. In the loop's thread."""
         self.stopping = True
-        for reader in list(self.readers):
-            reader.cancel()
+        for reading in list(self.readers):
+            reading.interrupt("stopping")
 
     async def render(self, response: dict[str, Any]) -> bytes:
         """`response` as JSON: a large one (outputs past PARSE_ON_LOOP_BYTES) in a thread, so
