@@ -209,6 +209,33 @@ def test_a_ready_guest_that_died_waiting_is_passed_over_and_charged_to_no_case(
     waiting_for(1)  # replaced
 
 
+def test_a_ready_guest_that_hangs_at_its_line_is_the_guests_failure_not_the_cases(
+    on: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One that takes the line and never starts the case (stopped, as a guest that hung while
+    it waited): nothing of the case ran, so the case starts its own in the same attempt, and
+    the gate is told nothing; the hang says the node is slow, so none is started ahead."""
+    case("warm")
+    waiting_for(1)
+    (waiting,) = ready_hluks(on)
+    os.killpg(waiting, signal.SIGSTOP)
+    monkeypatch.setenv(settings.STARTUP_TIMEOUT.name, "2")
+    gate = _gate.gate(hluk_path(), guest_for(URL, None))
+    caplog.set_level(logging.INFO, "verl_hyperlight")
+    before = time.monotonic()
+    assert result(case("next"))[3].startswith("stdin next\n")
+    assert pool().died == 1 and pool().taken == 0
+    assert gate.failures_in_a_row == 0 and gate.state is _gate.State.CLOSED
+    assert wait_for(lambda: waiting not in ready_hluks(on))  # killed, not left stopped
+    said = [r.getMessage() for r in caplog.records]
+    assert any("did not start the case within 2 s" in m for m in said), said
+    assert not any("retrying" in m for m in said), said
+    assert pool().slow_until >= before + settings.READY_IDLE.value()
+    started = len(ready_runs(on))
+    case("during the pause")
+    assert len(ready_runs(on)) == started
+
+
 def test_a_gate_that_opens_ends_its_ready_guests_and_starts_none_while_open(
     on: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path
 ) -> None:

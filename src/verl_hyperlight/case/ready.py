@@ -199,9 +199,14 @@ class ReadyGuests:
         finally:
             filled.remove()
         if outcome is not None and _ended_unstarted(outcome):
-            # It died waiting, unseen (between the look and the line), or taking the line:
-            # nothing of the case ran, and the case's own start shows what hluk does now.
-            self._say_died(outcome.hluk_error)
+            # It died waiting, unseen (between the look and the line), or taking the line, or
+            # it hung there past the start-up deadline: nothing of the case ran, and the case's
+            # own start shows what hluk does now. A hung one also says the node is slow.
+            if outcome.ending is Ending.STARTUP_TIMEOUT:
+                self._follow_starts(outcome, limits)
+                self._say_died(f"it did not start the case within {limits.startup:g} s")
+            else:
+                self._say_died(outcome.hluk_error)
             outcome = None
         with self._lock:
             if outcome is None:
@@ -345,12 +350,10 @@ class ReadyGuests:
 
 
 def _ended_unstarted(outcome: RawOutcome) -> bool:
-    """Whether a ready guest's run ended, its hluk gone, before its solution started (not a
-    start that took too long: that one is the case's, as any case's start)."""
-    return (
-        outcome.verdict is Verdict.BACKEND_BEFORE_START
-        and outcome.ending is not Ending.STARTUP_TIMEOUT
-    )
+    """Whether a ready guest's run ended before its solution started: its hluk gone, or hung
+    past the start-up deadline. Either is the ready guest's failure, not the case's: the guest
+    was started long before (a start that hangs is one the case's own start may not repeat)."""
+    return outcome.verdict is Verdict.BACKEND_BEFORE_START
 
 
 def _nothing() -> None:
