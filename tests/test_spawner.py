@@ -315,14 +315,22 @@ def test_a_forked_worker_starts_a_spawner_of_its_own(host: Host) -> None:
     assert child_spawner != parent_spawner and its_own == "True"
 
 
-def test_cases_take_a_workers_spawners_in_turn(
+def test_cases_one_at_a_time_use_one_spawner_and_many_at_once_take_more_in_turn(
     host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A Ray worker runs one case at a time: one spawner, not SPAWNERS (64 workers of a node
+    would keep four times as many idle Pythons). Many hluks running at once take turns."""
     monkeypatch.setattr(_spawners, "SPAWNERS", 2)
-    for _ in range(4):
+    monkeypatch.setattr(_spawners, "RUNNING_PER_SPAWNER", 4)
+    for _ in range(6):
         assert result(run("print(6)"))[3] == "6\n"
+    assert sorted(_spawners._spawners) == [0]
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda _: run("import time\ntime.sleep(1)\nprint(6)"), range(12)))
+    assert all(result(answer)[3] == "6\n" for answer in answers)
     assert sorted(_spawners._spawners) == [0, 1] and spawner_pid(0) != spawner_pid(1)
     assert {spawner_pid(0), spawner_pid(1)} <= children_of(os.getpid())
+    assert wait_for(lambda: _spawners.in_use() == 1)  # every hluk stopped: counted down
 
 
 def test_a_request_larger_than_the_spawners_socket_takes_runs_through_it(

@@ -2,14 +2,15 @@
 
 Three ways, the first that works here is used (VERL_HYPERLIGHT_SPAWN names one to use):
 
-- ``spawner``: small long-lived processes (``spawner.py``, as ``spawners`` keeps them: up to
-  SPAWNERS per worker, taking cases in turn) start each hluk with posix_spawn. The worker
-  sends one a message with three pipes: no fork or exec of its own per case, so nothing per
-  case grows with the worker's memory. The spawner answers through the case's status pipe (the
-  pid, then the exit status, since only a parent can wait for a process). It ends every hluk
-  it started when the worker dies (its parent-death signal) or closes its socket, and the hluk
-  of a case that closed its status pipe (it gave up, or no longer needs the status); were the
-  spawner itself killed, each case kills its own and says so.
+- ``spawner``: small long-lived processes (``spawner.py``, as ``spawners`` keeps them: one per
+  worker, up to SPAWNERS taking cases in turn when many hluks run at once) start each hluk
+  with posix_spawn. The worker sends one a message with three pipes: no fork or exec of its
+  own per case, so nothing per case grows with the worker's memory. The spawner answers
+  through the case's status pipe (the pid, then the exit status, since only a parent can wait
+  for a process). It ends every hluk it started when the worker dies (its parent-death
+  signal) or closes its socket, and the hluk of a case that closed its status pipe (it gave
+  up, or no longer needs the status); were the spawner itself killed, each case kills its own
+  and says so.
 - ``setpriv``: util-linux's setpriv sets the parent-death signal and execs hluk; Python's spawn
   stays on vfork, at the cost of an extra exec per case.
 - ``fork``: a preexec_fn sets it, which forces a fork of the whole worker (page tables copied

@@ -1,5 +1,7 @@
 """This process's spawners (``spawner.py``), as the worker sees them: up to SPAWNERS, taking
-cases in turn, each asked to start a hluk with posix_spawn and to say when it has exited.
+cases in turn, each asked to start a hluk with posix_spawn and to say when it has exited. A
+process with few hluks running at once uses one (see `in_use`): a Ray worker, which runs one
+case at a time, keeps one spawner, not SPAWNERS.
 
 A spawner that dies is started again by the next case. One that cannot start (a passing EAGAIN
 of pids.max, ENOMEM, a slow start, no descriptor free, or no usable Python at sys.executable)
@@ -72,6 +74,7 @@ class _Spawned:
         self._lock = threading.Lock()  # stop's, as Popen's _waitpid_lock guards its wait
         self._stopped = False
         self._pending = b""
+        _running.change(1)
 
     def exited(self) -> bool:
         self._read()
@@ -118,6 +121,7 @@ class _Spawned:
             if self._stopped:
                 return self.returncode
             self._stopped = True
+            _running.change(-1)
             self._read()
             if self.pid and not self._ended:
                 # Waited for even when the runner's report is whole and hluk is on its way out:
@@ -288,9 +292,33 @@ class _Spawner:
 # spawner starts at most a couple of thousand hluk a second, a worker's 64 cases of a few
 # milliseconds can ask for more, so each worker has up to this many, taking cases in turn.
 SPAWNERS = max(1, min(4, node.cpus()))
+# One more spawner takes turns for each this many hluks running at once in the process (ready
+# guests included): one spawner starts hluk far faster than a few cases of milliseconds end.
+RUNNING_PER_SPAWNER = 8
 _lock = threading.Lock()
 _spawners: dict[int, _Spawner] = {}  # by slot, 0 to SPAWNERS - 1
 _turn = itertools.count()
+
+
+class _Running:
+    """How many hluks this process's spawners started that are not stopped yet."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def change(self, by: int) -> None:
+        with self._lock:
+            self.count += by
+
+
+_running = _Running()
+
+
+def in_use() -> int:
+    """How many spawners take turns now: one, and one more for each RUNNING_PER_SPAWNER hluks
+    running at once, up to SPAWNERS. Those beyond it, once started, wait unused."""
+    return min(SPAWNERS, 1 + max(0, _running.count) // RUNNING_PER_SPAWNER)
 
 
 class _StartState(enum.Enum):
@@ -355,8 +383,8 @@ _starts = _Starts()
 
 def _forget_in_child() -> None:
     """A forked worker starts spawners of its own: the parent's die with the parent."""
-    global _spawners, _lock, _starts
-    _spawners, _lock, _starts = {}, threading.Lock(), _Starts()
+    global _spawners, _lock, _starts, _running
+    _spawners, _lock, _starts, _running = {}, threading.Lock(), _Starts(), _Running()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -365,7 +393,7 @@ os.register_at_fork(after_in_child=_forget_in_child)
 def current(fallback: Callable[[], str]) -> _Spawner | None:
     """The spawner whose turn it is, started if there is none (or it died); None while none
     can start (see _Starts; `fallback` says how hluk is started meanwhile)."""
-    slot = next(_turn) % SPAWNERS
+    slot = next(_turn) % in_use()
     spawner = _spawners.get(slot)
     if spawner is not None and spawner.alive:
         return spawner
