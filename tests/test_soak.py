@@ -104,3 +104,24 @@ def test_a_wrong_output_or_status_is_a_mis_grade_and_sandbox_error_is_not() -> N
     assert soak.judge(case, error) == "sandbox-error"
     assert soak.judge(case, {**response, "status": "Success", "run_result": None}) == "ill-formed"
     assert soak.judge(case, None) == "lost"
+
+
+def test_a_soak_with_ready_guests_on_the_default_path_answers_every_case_and_leaks_nothing(
+    tmp_path: Path,
+) -> None:
+    """The same faults with micro-VMs started ahead of their cases (the product's default):
+    a ready guest that draws a fault before its case is passed over or fails that case with a
+    SandboxError, never a wrong answer; ended at the worker's exit, nothing is left."""
+    report = soak.soak(
+        "run_code", 8, 80, seed=7, scratch=tmp_path, faults=FAULTS,
+        startup_timeout=STARTUP_TIMEOUT, ready_guests=8,
+    )  # fmt: skip
+    assert sum(report.judged.values()) == 80
+    judged = report.judged
+    assert (judged["lost"], judged["ill-formed"], judged["mis-graded"]) == (0, 0, 0), (
+        report.examples
+    )
+    assert report.leaked == (0, 0, 0, 0)
+    assert sum(report.faults.values()) > 0, report.errors
+    assert report.gate_openings <= 1, report.errors
+    assert report.judged["right"] + report.answered_at_once > 80 // 2, report.errors

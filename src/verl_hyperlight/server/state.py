@@ -183,7 +183,10 @@ class Server:
         self.bodies_budget = settings.bodies_budget
         self.metrics.held.set_function(lambda: self.held)  # read when scraped, not per request
         self.executor = ThreadPoolExecutor(settings.max_concurrent, "verl-hyperlight-case")
+        # Large bodies are parsed and large answers rendered here, off the event loop; its one
+        # thread starts with the server, as a lazy one would in the middle of its first load.
         self.parser = ThreadPoolExecutor(1, "verl-hyperlight-parse")
+        self.parser.submit(int)
         self.in_flight: set[threading.Event] = set()
         # The handlers' body reads under way, answered at once when the server stops (their
         # case has not started: nothing is lost, and no grace is owed them).
