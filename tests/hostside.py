@@ -25,6 +25,7 @@ from verl_hyperlight.case import casedir as _casedir
 from verl_hyperlight.case import failures as _failures
 from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.errors import CauseCounts
+from verl_hyperlight.hluk import spawners as _spawners
 
 URL = "hyperlight://"
 
@@ -313,7 +314,9 @@ def wait_for(condition: Callable[[], object], limit: float = 10.0) -> object:
 
 @dataclass(frozen=True)
 class Usage:
-    """What this process holds that a case could leak."""
+    """What this process holds that a case could leak, beside its spawners: a pool of up to
+    SPAWNERS kept for the next cases, which grows while many hluks run at once (each holds a
+    child, the thread that owns it and its socket)."""
 
     descriptors: int
     threads: int
@@ -322,10 +325,11 @@ class Usage:
 
     @classmethod
     def now(cls, found: Host) -> Usage:
+        pool = sum(1 for spawner in list(_spawners._spawners.values()) if spawner.alive)
         return cls(
-            descriptors=len(os.listdir("/proc/self/fd")),
-            threads=threading.active_count(),
-            children=len(children_of(os.getpid())),
+            descriptors=len(os.listdir("/proc/self/fd")) - pool,
+            threads=threading.active_count() - pool,
+            children=len(children_of(os.getpid())) - pool,
             case_dirs=len(found.case_dirs()),
         )
 
