@@ -126,11 +126,23 @@ _warnings = _Warnings()
 
 
 def files_of(
-    code: bytes, stdin: bytes, files: tuple[tuple[str, bytes], ...], fetch: tuple[str, ...]
+    code: bytes,
+    stdin: bytes,
+    files: tuple[tuple[str, bytes], ...],
+    fetch: tuple[str, ...],
+    program_name: str | None = None,
 ) -> list[tuple[str, bytes]]:
     """What the case directory the guest mounts holds, by name (see guest/protocol.py): the
-    request's paths are data in it, never paths on the host."""
-    found = [(protocol.SOLUTION, code), (protocol.STDIN, stdin)]
+    request's paths are data in it, never paths on the host. With `program_name`, `code` is a
+    compiled program, run by that name."""
+    if program_name is None:
+        found = [(protocol.SOLUTION, code), (protocol.STDIN, stdin)]
+    else:
+        found = [
+            (protocol.PROGRAM, code),
+            (protocol.PROGRAM_NAME, program_name.encode()),
+            (protocol.STDIN, stdin),
+        ]
     if files or fetch:
         found += [(protocol.file_name(index), data) for index, (_, data) in enumerate(files)]
         manifest = {
@@ -273,10 +285,11 @@ def _make_in(root: str, files: list[tuple[str, bytes]]) -> CaseDir:
 
 def _write_case(case_dir: str, files: list[tuple[str, bytes]]) -> None:
     # Unbuffered, straight from the request's bytes: a file object costs more than the write.
-    # The mode is open()'s, as the guest has always seen it.
+    # The mode is open()'s, as the guest has always seen it; a program's is executable.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     for name, data in files:
-        fd = os.open(os.path.join(case_dir, name), flags, 0o666)
+        mode = 0o777 if name == protocol.PROGRAM else 0o666
+        fd = os.open(os.path.join(case_dir, name), flags, mode)
         try:
             view = memoryview(data)
             while view:

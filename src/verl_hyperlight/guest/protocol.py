@@ -1,9 +1,11 @@
 """What passes between the host and the guest runner: its one definition.
 
-Into the guest, a case directory (mounted read-only) holds the solution (SOLUTION), its input
-(STDIN) and, when the request has files to write or fetch, FILES: a JSON object
-{"write": [[path, index], ...], "fetch": [path, ...]}, each file to write in file_name(index).
-Paths are the request's, and only the guest resolves them.
+Into the guest, a case directory (mounted read-only) holds the solution (SOLUTION), or a
+program compiled on the host to run in its place (PROGRAM: a static position-independent
+executable, with the name it runs by in PROGRAM_NAME), its input (STDIN) and, when the
+request has files to write or fetch, FILES: a JSON object {"write": [[path, index], ...],
+"fetch": [path, ...]}, each file to write in file_name(index). Paths are the request's, and
+only the guest resolves them.
 
 Out of the guest, hluk's console is a terminal the guest shares with whatever else prints there
 (hluk's driver, a solution writing to the console around its streams), so the runner's reports
@@ -70,6 +72,8 @@ REQUEST_LINE = 1024
 REQUEST_END = b"."
 
 SOLUTION = "solution.py"
+PROGRAM = "program"
+PROGRAM_NAME = "program-name"
 STDIN = "stdin"
 FILES = "files.json"
 

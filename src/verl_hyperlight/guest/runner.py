@@ -38,6 +38,7 @@ import operator
 import os
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -74,6 +75,10 @@ PYTEST_SCRIPT_SOURCE = (
 )
 # CPython's status when flushing stdout at exit fails.
 FLUSH_FAILED_STATUS = 120
+# A compiled program's ELF type: a position-independent executable (ET_DYN).
+ELF_DYNAMIC = 3
+# The status of a program the guest could not start: a shell's for a command it cannot run.
+PROGRAM_UNRUNNABLE_STATUS = 126
 # The status the guest ends with when the runner cannot report the case (the solution broke
 # what it reports with): the host answers it as the solution's failure.
 REPORT_FAILED_STATUS = 1
@@ -894,9 +899,61 @@ def _run(case: _Case, source: bytes, path: str) -> int:
     return _interpreter_exit(status, main)
 
 
+def _program_refusal(path: str) -> str | None:
+    """Why the program at `path` cannot run in the guest, if it cannot: the guest's ELF loader
+    takes a position-independent executable only (hluk's check_pie says so of a mounted one)."""
+    try:
+        with _builtin_open(path, "rb") as f:
+            header = f.read(18)
+    except OSError as exc:
+        return f"cannot read the program: {exc}"
+    if header[:4] != b"\x7fELF" or len(header) < 18:
+        return "the program is not an ELF executable"
+    if int.from_bytes(header[16:18], "little") != ELF_DYNAMIC:
+        return "the program is not position-independent (build it as a static PIE)"
+    return None
+
+
+def _run_program(case: _Case, path: str, name: str) -> int:
+    """Run the compiled program at `path` as Sandbox Fusion runs it (`./test` in the solution's
+    directory): its descriptors 0-2 are the case's input and output files, nothing else of the
+    runner's is open in it; the status as subprocess reports it (-signum for a signal). The
+    guest starts it with vfork and execve, and the runner waits: one vCPU, no preemption."""
+    case.frame(protocol.START)
+    case.started = _monotonic()
+    try:
+        child = subprocess.Popen([name], executable=path, close_fds=True)
+    except OSError as exc:
+        _os_write(2, f"verl-hyperlight: cannot run the program: {exc}\n".encode())
+        return PROGRAM_UNRUNNABLE_STATUS
+    return child.wait()
+
+
+def _program(case: _Case, case_dir: str) -> None:
+    """Run the case's compiled program (see _run_program) and report it."""
+    program = os.path.join(case_dir, protocol.PROGRAM)
+    refusal = _program_refusal(program)
+    if refusal is not None:
+        case.frame(protocol.REFUSED, _b2a_base64(refusal.encode(), newline=False))
+        return
+    with _builtin_open(os.path.join(case_dir, protocol.PROGRAM_NAME), "rb") as f:
+        name = f.read().decode()
+    saved_fds = [_os_dup(fd) for fd in (0, 1, 2)]
+    _redirect_descriptors(case, case_dir)
+    os.chdir(WORK_DIR)
+    status = _run_program(case, program, name)
+    case.finish(status)
+    for fd, saved_fd in enumerate(saved_fds):
+        os.dup2(saved_fd, fd)
+        os.close(saved_fd)
+    for fd in case.outputs.values():
+        _os_close(fd)
+
+
 def main(case_dir: str, nonce: str) -> None:
     """Run the case in `case_dir` (solution.py, stdin) and report it on the console: as
-    `python solution.py`, or in a pytest guest as `pytest test_solution.py`."""
+    `python solution.py`, or in a pytest guest as `pytest test_solution.py`; or, when it holds
+    a compiled program, as that program runs."""
     global _case
     console = _os_dup(1)
     case = _Case(nonce, console)
@@ -905,6 +962,10 @@ def main(case_dir: str, nonce: str) -> None:
     refusal = _write_request_files(case, case_dir)
     if refusal is not None:
         case.frame(protocol.REFUSED, _b2a_base64(refusal.encode(), newline=False))
+        _os_close(console)
+        return
+    if os.path.exists(os.path.join(case_dir, protocol.PROGRAM)):
+        _program(case, case_dir)
         _os_close(console)
         return
     saved = (sys.stdin, sys.stdout, sys.stderr, sys.modules["__main__"], sys.argv)
