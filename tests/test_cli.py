@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hostside import Host
 from serving import Served
 
 from verl_hyperlight import __version__
@@ -115,6 +116,28 @@ def test_run_prints_the_response_verl_would_get(
     response = json.loads(capsys.readouterr().out)
     assert response["status"] == "Success"
     assert response["run_result"]["stdout"] == "42\n"
+
+
+def test_run_compiles_cpp_and_rust_by_their_suffix_or_language(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    solution = tmp_path / "solution.cpp"
+    solution.write_text(
+        '#include <cstdio>\nint main() { int n; std::scanf("%d", &n); '
+        'std::printf("%d\\n", 2 * n); }\n'
+    )
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"21\n")))
+    assert main(["run", str(solution)]) == 0
+    response = json.loads(capsys.readouterr().out)
+    assert response["compile_result"]["status"] == "Finished"
+    assert (response["status"], response["run_result"]["stdout"]) == ("Success", "42\n")
+    source = tmp_path / "solution.txt"
+    source.write_text('fn main() { let x: u32 = "no"; }\n')
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    assert main(["run", str(source), "--language", "rust", "--compile-timeout", "30"]) == 0
+    response = json.loads(capsys.readouterr().out)
+    assert (response["status"], response["run_result"]) == ("Failed", None)
+    assert "mismatched types" in response["compile_result"]["stderr"]
 
 
 def test_run_asks_a_server_at_an_http_url_as_verls_client_does(

@@ -45,10 +45,31 @@ def test_a_healthy_node_passes_every_check_and_prints_one_line_each(
     lines = capsys.readouterr().out.splitlines()
     # The stand-in's wrapper execs it: no wrapper line.
     names = ["platform", "python", "hluk", "/dev/kvm", "cache", "case-dir", "snapshot", "case"]
-    assert [line.split()[1] for line in lines] == [*names, "pytest", "spawn", "verl"]
+    compilers = ["cpp", "go", "rust"]
+    assert [line.split()[1] for line in lines] == [*names, "pytest", *compilers, "spawn", "verl"]
     assert all(line.startswith("ok ") for line in lines), lines
     assert "print(1+1) answered 2" in "\n".join(lines)
     assert "set reward.sandbox_fusion.url=hyperlight://" in lines[-1]
+
+
+def test_a_node_without_a_compiler_is_warned_with_its_install_and_passes(
+    host: Host,
+    verl_09: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    main(["warm-up"])
+    capsys.readouterr()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no g++, no rustc; Go from the go extra
+    status, found = run_doctor(capsys)
+    assert status == 0
+    assert found["cpp compiler"]["status"] == "warn"
+    assert "apt-get install g++" in found["cpp compiler"]["fix"]
+    assert found["rust compiler"]["status"] == "warn"
+    assert "https://rustup.rs" in found["rust compiler"]["fix"]
+    assert found["go compiler"]["status"] == "ok"
+    assert "/go/bin/go" in found["go compiler"]["detail"]
 
 
 def test_a_missing_hluk_fails_with_the_installer_line(

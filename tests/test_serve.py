@@ -182,11 +182,11 @@ def test_a_run_timeout_of_zero_is_a_time_limit_exceeded_at_once(serve: Serve) ->
     assert (reply["status"], reply["run_result"]["status"]) == ("Failed", "TimeLimitExceeded")
 
 
-def test_another_language_is_a_sandbox_error_saying_python_only(serve: Serve) -> None:
+def test_a_language_not_run_here_is_a_sandbox_error_saying_so(serve: Serve) -> None:
     served = serve()
-    reply = served.post(body("int main() {}", language="cpp"))
+    reply = served.post(body("class A {}", language="java"))
     assert reply.status_code == 200
-    assert "runs Python only" in reply.json()["message"]
+    assert "language 'java' is not supported" in reply.json()["message"]
 
 
 def test_the_executor_pod_name_is_my_pod_name(serve: Serve) -> None:

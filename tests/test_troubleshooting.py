@@ -144,8 +144,8 @@ SCENARIOS: dict[str, Callable[[Case], str]] = {
     "is not a memory size": lambda case: case.run("--memory-limit-mb", "-5"),
     "is below what the python image boots in": lambda case: case.run("--memory-limit-mb", "100"),
     "more than half this node's memory": lambda case: case.run("--memory-limit-mb", "100000000"),
-    "runs Python only": lambda case: str(
-        _api.run_code("hyperlight://", "int main() {}", "", None, 10, None, "cpp")[0]
+    "is not supported": lambda case: str(
+        _api.run_code("hyperlight://", "class A {}", "", None, 10, None, "java")[0]
     ),
     "Input should be a valid dictionary": form_encoded_request,
     "needs pytest on this node": no_pytest,

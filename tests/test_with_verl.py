@@ -405,13 +405,27 @@ def test_assert_cases_pass_or_fail_as_runtime_errors(url: str) -> None:
     assert "AssertionError" in metadata[2]["stderr"]
 
 
-def test_cpp_gets_a_sandbox_error_saying_python_only(url: str) -> None:
+def test_cpp_that_does_not_compile_is_a_compile_error(url: str) -> None:
     results, metadata = check_correctness(
         url, INPUT_OUTPUT_VALID, CODE_COMPILE_ERROR, language="cpp"
     )
-    assert results == [-1, -1]
-    assert statuses(metadata) == ["sandbox_error", "sandbox_error"]
-    assert "Python only" in metadata[0]["api_response"]["message"]
+    assert results == [-4, -4]
+    assert statuses(metadata) == ["compile_error", "compile_error"]
+    # verl's own test sends this, in C++.
+    results, metadata = check_correctness(url, INPUT_OUTPUT_VALID, "\na=b\n", language="cpp")
+    assert results == [-4, -4]
+    assert statuses(metadata) == ["compile_error", "compile_error"]
+
+
+def test_cpp_that_compiles_is_scored_on_its_output(url: str) -> None:
+    code = (
+        "#include <iostream>\n#include <string>\nint main() { std::string s; std::cin >> s;\n"
+        '  std::cout << (s == "input1" ? "output1" : "wrong") << "\\n"; }\n'
+    )
+    results, metadata = check_correctness(url, INPUT_OUTPUT_VALID, code, language="cpp")
+    assert results == [True, False]
+    assert statuses(metadata) == ["success", "wrong_answer"]
+    assert metadata[0]["api_response"]["compile_result"]["status"] == "Finished"
 
 
 # --- verl's reward entry points -----------------------------------------------------------------

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import TypeAlias
 
 from . import __version__, diagnosis, node, settings
-from .case import cluster
-from .case.api import run_code, warm_up
+from .case import cluster, compiled
+from .case.api import RUNS, run_code, warm_up
 from .case.guests import Guest, guest_for
 from .case.url import is_http, parse_url
 from .case.warmup import Warmth
@@ -67,11 +68,12 @@ def _add_run(commands: _Commands) -> None:
     run = commands.add_parser(
         "run",
         help="run one solution file on stdin and print the Sandbox Fusion response",
-        description="Run SOLUTION (a Python file) with this command's standard input as its "
-        "input, and print the response verl would receive, as JSON: in a micro-VM of this "
-        "node (a hyperlight:// URL), or by POSTing Sandbox Fusion's request to an http(s) URL "
-        "(a `verl-hyperlight serve`, or a Sandbox Fusion service: its /run_code URL; with "
-        "VERL_HYPERLIGHT_TOKEN, if set, as its bearer token). Exits 0 "
+        description="Run SOLUTION (a Python file, or C++, Go or Rust source: see --language) "
+        "with this command's standard input as its input, and print the response verl would "
+        "receive, as JSON: in a micro-VM of this node (a hyperlight:// URL), or by POSTing "
+        "Sandbox Fusion's request to an http(s) URL (a `verl-hyperlight serve`, or a Sandbox "
+        "Fusion service: its /run_code URL; with VERL_HYPERLIGHT_TOKEN, if set, as its bearer "
+        "token). Exits 0 "
         "when the case ran (whatever the solution did: see the response's status), 1 when it "
         "was answered SandboxError or could not be asked, 2 on a usage error.",
     )
@@ -84,6 +86,26 @@ def _add_run(commands: _Commands) -> None:
     )
     run.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds")
     run.add_argument("--memory-limit-mb", type=_memory_limit, default=1024)
+    run.add_argument(
+        "--language",
+        choices=RUNS,
+        help="the request's language (default: by SOLUTION's suffix, .cpp .cc .cxx cpp, .go go, "
+        ".rs rust, else python)",
+    )
+    run.add_argument(
+        "--compile-timeout",
+        type=float,
+        default=10.0,
+        help="compile_timeout in seconds, for cpp, go and rust (default 10)",
+    )
+
+
+# The language `run` gives a solution file by its suffix, when --language does not say.
+SUFFIXES = {".cpp": "cpp", ".cc": "cpp", ".cxx": "cpp", ".go": "go", ".rs": "rust"}
+
+
+def _language_of(name: str) -> str:
+    return SUFFIXES.get(os.path.splitext(name)[1].lower(), "python")
 
 
 def _add_bench(commands: _Commands) -> None:
@@ -303,10 +325,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             with progress(f"seeing {guest.image.label} warm (a pull and a boot if needed)"):
                 warmth = warm_up(args.url, args.memory_limit_mb)
+            print(f"{guest.image.label} is warm on this node{_how(warmth)}", flush=True)
+            with progress("seeing Go's build cache warm, where Go is installed"):
+                compiles = compiled.warm()
         except BackendError as exc:
             print(f"verl-hyperlight: {exc}", file=sys.stderr)
             return 1
-        print(f"{guest.image.label} is warm on this node{_how(warmth)}")
+        if compiles is not None:
+            print(compiles)
         return 0
     if args.command == "run":
         try:
@@ -321,13 +347,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "once, as Sandbox Fusion answers a run_timeout of 0 or less",
                 file=sys.stderr,
             )
+        language = args.language or _language_of(args.solution.name)
         if is_http(args.url):
             from .commands import remote
 
-            response, error = remote.post(args.url, code, stdin, args.timeout, args.memory_limit_mb)
+            response, error = remote.post(
+                args.url,
+                code,
+                stdin,
+                args.timeout,
+                args.memory_limit_mb,
+                language,
+                args.compile_timeout,
+            )
         else:
             response, error = run_code(
-                args.url, code, stdin, 10, args.timeout, args.memory_limit_mb
+                args.url,
+                code,
+                stdin,
+                args.compile_timeout,
+                args.timeout,
+                args.memory_limit_mb,
+                language,
             )
         if error is not None:
             print(f"verl-hyperlight: {error}", file=sys.stderr)
@@ -381,9 +422,11 @@ def _warm_up_here(url: str, memory_limit_mb: int) -> tuple[bool, str]:
     guest = guest_for(url, memory_limit_mb)
     try:
         warmth = warm_up(url, memory_limit_mb)
+        compiles = compiled.warm()
     except BackendError as exc:
         return False, str(exc)
-    return True, f"{guest.image.label} is warm on this node{_how(warmth)}"
+    said = f"{guest.image.label} is warm on this node{_how(warmth)}"
+    return True, said if compiles is None else f"{said}; {compiles}"
 
 
 def _guest(args: argparse.Namespace) -> Guest | None:

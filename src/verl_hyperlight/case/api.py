@@ -21,14 +21,16 @@ from ..guest import protocol
 from ..hluk import watch
 from ..hluk.binary import hluk_path
 from ..outcome import RawOutcome
-from . import casedir, cluster, failures, gate, pytest_library, ready
+from . import casedir, cluster, compiled, failures, gate, pytest_library, ready
 from .guests import CASE_MOUNT, Guest, guest_for, workload_code
 from .response import (
     CASE_CANCELLED,
     Response,
+    compile_failed,
     response_for,
     sandbox_error,
     time_limit_exceeded,
+    with_compile_result,
 )
 from .url import parse_url
 from .warmup import Warmth
@@ -38,6 +40,7 @@ logger = logging.getLogger("verl_hyperlight")
 MAX_CODE_BYTES = 16 * 1024 * 1024
 MAX_STDIN_BYTES = 256 * 1024 * 1024
 DEFAULT_RUN_TIMEOUT = 10.0
+DEFAULT_COMPILE_TIMEOUT = 10.0  # Sandbox Fusion's, for a request that gives none
 MAX_PATH_LENGTH = 4096
 MIB = 1024 * 1024
 # A request file whose name holds this is skipped, as the service skips it.
@@ -75,8 +78,9 @@ SandboxFusionLanguage = Literal[
     "racket",
 ]
 SANDBOX_FUSION_LANGUAGES = frozenset(get_args(SandboxFusionLanguage))
-# What runs here: a solution as `python solution.py`, or a test file as `pytest FILE`.
-RUNS = ("python", "pytest")
+# What runs here: a solution as `python solution.py`, a test file as `pytest FILE`, or a
+# program compiled on the host (case/compiled.py) and run in the guest.
+RUNS = ("python", "pytest", *compiled.LANGUAGES)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class Case:
     run_timeout: float
     files: tuple[tuple[str, bytes], ...] = ()  # to write before the solution starts
     fetch: tuple[str, ...] = ()  # to return once it has ended
+    program_name: str | None = None  # `code` is a compiled program, run by this name
 
 
 # Requests in a language only Sandbox Fusion runs: the client's doing, not the backend's, so
@@ -112,9 +117,9 @@ def encode_text(name: str, text: object, limit: int) -> bytes:
     return data
 
 
-def _timeout(name: str, value: object) -> float:
+def _timeout(name: str, value: object, default: float | None = None) -> float:
     if value is None:
-        return DEFAULT_RUN_TIMEOUT
+        return DEFAULT_RUN_TIMEOUT if default is None else default
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRequest(f"{name} must be a number of seconds, not {value!r}")
     if not math.isfinite(value):
@@ -193,7 +198,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
     """Run `case` through its gate: in one of its guest's ready guests, or in a micro-VM
     started for it, whose case directory is made once, for its retry too."""
     limits = deadlines.for_case(case.run_timeout)
-    files = casedir.files_of(case.code, case.stdin, case.files, case.fetch)
+    files = casedir.files_of(case.code, case.stdin, case.files, case.fetch, case.program_name)
     made: list[casedir.CaseDir] = []
 
     def own(meanwhile: Callable[[], None]) -> RawOutcome:
@@ -268,8 +273,9 @@ def run_code(
     names files returned base64 in the response's ``files`` once it has ended. Setting
     `cancel` stops the case: its micro-VM is killed and it is answered SandboxError.
     `language` "pytest" runs `code` as a test file under `pytest FILE` (with the `pytest`
-    extra installed); languages other than it and "python" are answered SandboxError."""
-    del compile_timeout  # Python has no compile step.
+    extra installed); "cpp", "go" and "rust" compile it on the host first (within
+    `compile_timeout`, Python having no compile step); languages other than these are answered
+    SandboxError."""
     return response_or_error(
         lambda: answer(
             sandbox_fusion_url,
@@ -281,6 +287,7 @@ def run_code(
             files=files,
             fetch_files=fetch_files,
             cancel=cancel,
+            compile_timeout=compile_timeout,
         )
     )
 
@@ -296,6 +303,7 @@ def answer(
     files: dict[str, str | None] | None = None,
     fetch_files: list[str] | None = None,
     cancel: threading.Event | None = None,
+    compile_timeout: float | None = None,
 ) -> Response:
     """run_code's response, raising what run_code answers as values: InvalidRequest for a
     request that cannot be run as given, BackendError (its `diagnosis` apart) for a failure of
@@ -303,7 +311,9 @@ def answer(
     itself (doctor)."""
     if language not in RUNS:
         if isinstance(language, str) and language in SANDBOX_FUSION_LANGUAGES:
-            message = f"verl-hyperlight runs Python only; language {language!r} is not supported"
+            message = (
+                f"verl-hyperlight runs {', '.join(RUNS)}; language {language!r} is not supported"
+            )
             if unsupported_languages.first(language):
                 logger.warning(
                     "verl-hyperlight: %s (its cases are answered SandboxError and score -1; "
@@ -313,11 +323,20 @@ def answer(
             return sandbox_error(message)
         raise InvalidRequest(f"unknown language {language!r}")
     timeout = _timeout("run_timeout", run_timeout)
+    to_compile = _timeout("compile_timeout", compile_timeout, DEFAULT_COMPILE_TIMEOUT)
     case = _validate(sandbox_fusion_url, code, stdin, timeout, memory_limit_mb, files, fetch_files)
     parsed = parse_url(sandbox_fusion_url) if "?" in sandbox_fusion_url else None
     if parsed is not None and parsed.ray is not None:
         # Validated here, run there: the node's run_code answers as hyperlight:// does.
-        arguments = (parsed.local, code, stdin, None, run_timeout, memory_limit_mb, language)
+        arguments = (
+            parsed.local,
+            code,
+            stdin,
+            compile_timeout,
+            run_timeout,
+            memory_limit_mb,
+            language,
+        )
         options = {"files": files, "fetch_files": fetch_files}
         response: Response | None
         response, error = cluster.run(
@@ -333,9 +352,31 @@ def answer(
             failures.log.record("pytest-missing", str(exc), "its pytest cases score -1")
             return sandbox_error(str(exc))
         case = replace(case, guest=replace(case.guest, pytest_library=library))
+    if language in compiled.LANGUAGES:
+        return _compiled_case(case, language, to_compile, cancel)
     if timeout <= 0:
         return time_limit_exceeded()  # as the service answers it, at once
     return _run_case(hluk_path(), case, cancel)
+
+
+def _compiled_case(
+    case: Case, language: str, compile_timeout: float, cancel: threading.Event | None
+) -> Response:
+    """Compile the case's code on the host, then run the program as a case: Sandbox Fusion's
+    response with its compile_result; no run when the compile failed, as the service does."""
+    path = hluk_path()  # before the compile: a node without hluk says so at once
+    try:
+        built = compiled.build(language, case.code, compile_timeout, cancel)
+    except BackendError as exc:
+        # This node cannot compile the language: its cases fail, the others run.
+        failures.log.record(exc.cause, str(exc), f"its {language} cases score -1")
+        return sandbox_error(str(exc))
+    if built.program is None:
+        return compile_failed(built.result)
+    if case.run_timeout <= 0:
+        return with_compile_result(time_limit_exceeded(), built.result)
+    program = replace(case, code=built.program, program_name=compiled.PROGRAM_NAMES[language])
+    return with_compile_result(_run_case(path, program, cancel), built.result)
 
 
 def warm_up(url: str, memory_limit_mb: int | None) -> Warmth | None:

@@ -75,6 +75,19 @@ def _fetched(outcome: RawOutcome, fetch: tuple[str, ...]) -> tuple[dict[str, str
     return files, message
 
 
+def compile_failed(compile_result: dict[str, Any]) -> Response:
+    """A compile that failed or ran out of time: Failed, with no run, as the service answers."""
+    response = _response("Failed", "", None)
+    response["compile_result"] = compile_result
+    return response
+
+
+def with_compile_result(response: Response, compile_result: dict[str, Any]) -> Response:
+    """`response`, a compiled program's run, with the compile that built it."""
+    response["compile_result"] = compile_result
+    return response
+
+
 def sandbox_error(message: str) -> Response:
     """The sandbox itself failed: verl scores it as sandbox_error, never as a wrong answer."""
     return _response("SandboxError", message, None)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .. import diagnosis, node, settings
-from ..case import casedir, cluster, gate, pytest_library
+from ..case import casedir, cluster, compiled, gate, pytest_library
 from ..case.api import answer
 from ..case.guests import guest_for
 from ..case.ready import most_kept
@@ -93,6 +93,7 @@ def checks(options: Options) -> Iterator[Check]:
     if path is not None:
         yield from guest_checks(path, options)
     yield _pytest()
+    yield from _compilers()
     yield _spawn_check()
     yield from _sizing(options)
     yield from _verl()
@@ -291,6 +292,18 @@ def _pytest() -> Check:
         f"the pytest extra is installed: pytest {version} for language 'pytest' cases, "
         f"given to the guest from {library}",
     )
+
+
+def _compilers() -> Iterator[Check]:
+    """Whether `cpp`, `go` and `rust` cases can compile here: each one's toolchain, and the
+    bubblewrap they compile in. A node without one still runs every other language."""
+    for language in compiled.LANGUAGES:
+        try:
+            found = compiled.check(language)
+        except BackendError as exc:
+            yield warn(f"{language} compiler", exc.diagnosis.what, exc.diagnosis.fix)
+        else:
+            yield ok(f"{language} compiler", f"{language} cases compile with {found}")
 
 
 def guest_checks(path: str, options: Options) -> Iterator[Check]:

@@ -15,15 +15,21 @@ MARGIN_SECONDS = 120.0
 
 
 def post(
-    url: str, code: str, stdin: str, run_timeout: float, memory_limit_mb: int
+    url: str,
+    code: str,
+    stdin: str,
+    run_timeout: float,
+    memory_limit_mb: int,
+    language: str = "python",
+    compile_timeout: float = 10.0,
 ) -> tuple[dict[str, object] | None, str | None]:
     """Sandbox Fusion's request for one case, POSTed to `url` as verl's client sends it; the
     response, or what went wrong."""
     body = {
         "code": code,
         "stdin": stdin,
-        "language": "python",
-        "compile_timeout": 10,
+        "language": language,
+        "compile_timeout": compile_timeout,
         "run_timeout": run_timeout,
         "memory_limit_MB": memory_limit_mb,
     }
@@ -37,7 +43,8 @@ def post(
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=run_timeout + MARGIN_SECONDS) as reply:
+        wait = compile_timeout + run_timeout + MARGIN_SECONDS
+        with urllib.request.urlopen(request, timeout=wait) as reply:
             answer = json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         return None, f"{url} answered HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}"

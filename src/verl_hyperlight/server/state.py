@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import deadlines, diagnosis
-from ..case import api, cluster, gate
+from ..case import api, cluster, compiled, gate
 from ..case.guests import guest_for
 from ..case.url import parse_url
 from ..errors import BackendError, Diagnosis, InvalidRequest
@@ -213,6 +213,7 @@ class Server:
                 warmth = gate.ensure_ready(hluk_path(), guest)
                 how = "" if warmth is None else f" (probe took {warmth.seconds:.2f} s)"
                 became = f"{guest.image.label} is warm{how}"
+                became += self._compiles_warm()
             else:
                 became = self._check_the_cluster(url, resource, memory)
         except (BackendError, InvalidRequest) as exc:
@@ -223,6 +224,18 @@ class Server:
         if not self.serving:
             logger.info("ready: %s", became)
         self.serving, self.reason = True, "ready"
+
+    def _compiles_warm(self) -> str:
+        """Go's build cache warmed before the server is first ready, so that no go case waits
+        for it (a stat once warm). A node that cannot warm it still serves the other languages:
+        its go cases say why."""
+        try:
+            warmed = compiled.warm()
+        except BackendError as exc:
+            if not self.serving:
+                logger.error("go cases cannot compile here: %s", exc)
+            return ""
+        return "" if warmed is None else f"; {warmed}"
 
     def _check_the_cluster(self, url: str, resource: str, memory: int) -> str:
         """What makes a ?ray server ready: an alive node offers `resource`, and (once) a probe
