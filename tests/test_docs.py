@@ -30,6 +30,8 @@ from verl_hyperlight import diagnosis, settings
 from verl_hyperlight.agent.calls import ToolSettings
 from verl_hyperlight.case.url import DEFAULT_RESOURCE, is_ours
 
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"

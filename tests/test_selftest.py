@@ -106,6 +106,7 @@ def test_the_known_limits_a_verdict_quotes_are_the_readmes_own_sentences() -> No
     assert quoted and [limit for limit in sorted(quoted) if limit not in said] == []
 
 
+@pytest.mark.once
 @pytest.mark.parametrize("ready_guests", ["0", str(settings.READY_GUESTS_DEFAULT)])
 def test_selftest_agrees_on_the_stand_in_except_the_documented_divergences(
     standin_env: dict[str, str], ready_guests: str
@@ -176,6 +177,7 @@ def _package_with_a_runner_that_drops_a_line(root: Path) -> Path:
     return root
 
 
+@pytest.mark.once
 def test_a_runner_that_drops_a_line_of_stderr_is_reported_for_that_program_alone(
     standin_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.once
+
 SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
 
 
