@@ -57,13 +57,21 @@ def standin_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hluk-cache")
 
 
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One compile cache for the session (Go's warm build cache, built once per node in about
+    20 s), whatever hluk cache a test gives itself."""
+    return tmp_path_factory.mktemp("compile-cache")
+
+
 @pytest.fixture
-def standin_env(standin_path: Path, standin_cache: Path) -> dict[str, str]:
+def standin_env(standin_path: Path, standin_cache: Path, compile_cache: Path) -> dict[str, str]:
     """The environment variables that point code under test at the stand-in."""
     return {
         "HLUK_PATH": str(standin_path),
         "HLUK_CACHE_DIR": str(standin_cache),
         "HLUK_STANDIN_BWRAP": find_bwrap(),
+        "VERL_HYPERLIGHT_COMPILE_CACHE_DIR": str(compile_cache),
     }
 
 

@@ -19,6 +19,8 @@ from hostside import KVM_FAILURE, Host, fail_with
 from verl_hyperlight.cli import main
 from verl_hyperlight.commands.bench import Level, recommend
 
+pytestmark = pytest.mark.once
+
 
 def level(concurrency: int, per_second: float, p99: float, failed: int = 0) -> Level:
     return Level(concurrency, 100, per_second, p99 / 2, p99, 0.5, failed)

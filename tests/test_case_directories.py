@@ -20,6 +20,8 @@ from hostside import Host, in_mount_namespace, option, result, run, sandbox_erro
 
 from verl_hyperlight import settings as _settings
 
+pytestmark = pytest.mark.once
+
 MIB = 1024 * 1024
 
 # A reward worker: `cases` cases at once, each with `stdin_mib` MiB of stdin of its own, whose

@@ -28,8 +28,10 @@ import pytest
 from hostside import Host, result
 from serving import Served
 
+from verl_hyperlight import settings
 from verl_hyperlight.case import api, compiled
 from verl_hyperlight.case import failures as _failures
+from verl_hyperlight.commands import selftest
 from verl_hyperlight.errors import Refused
 
 pytestmark = pytest.mark.once
@@ -38,18 +40,9 @@ COMPILE_TIMEOUT = 30.0
 Check = Callable[[dict[str, Any]], None]
 
 
-@pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One node's compile cache for the session (Go's warm build cache is built once per node,
-    in about 20 s here), as the node's hluk cache is one."""
-    return tmp_path_factory.mktemp("compile-cache")
-
-
 @pytest.fixture
-def compiles(host: Host, compile_cache: Path) -> Host:
-    """The host fixture, its compile cache the session's."""
-    host.cache.mkdir(parents=True, exist_ok=True)
-    (host.cache / "verl-hyperlight").symlink_to(compile_cache)
+def compiles(host: Host) -> Host:
+    """The host fixture: its compile cache is the session's (conftest's standin_env)."""
     return host
 
 
@@ -605,6 +598,7 @@ def test_go_warms_its_cache_once_per_node(
     host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A cache of its own, warmed with a smaller program: the full one is the session's.
+    monkeypatch.setenv("VERL_HYPERLIGHT_COMPILE_CACHE_DIR", str(host.cache / "compiles"))
     monkeypatch.setattr(compiled, "GO_WARM_PROGRAM", "package main\n\nfunc main() {}\n")
     caplog.set_level("WARNING", "verl_hyperlight")
     program = 'package main\n\nfunc main() { println("warm") }\n'
@@ -613,7 +607,7 @@ def test_go_warms_its_cache_once_per_node(
     assert answers == ["warm\n"] * 3
     warmed = [r for r in caplog.records if "warming the Go build cache" in r.getMessage()]
     assert len(warmed) == 1
-    caches = list((host.cache / "verl-hyperlight").glob("go-build-*"))
+    caches = list((host.cache / "compiles").glob("go-build-*"))
     assert [(cache / ".warm").exists() for cache in caches if cache.is_dir()] == [True]
 
 
@@ -637,13 +631,14 @@ class ThreadPool:
 
 def test_cases_poison_nothing_for_the_next_go_compile(compiles: Host) -> None:
     # A compile's writes to the warm cache are its own overlay's, dropped with it.
-    before = snapshot(compiles.cache / "verl-hyperlight")
+    cache = Path(settings.compile_cache_dir())
+    before = snapshot(cache)
     program = (
         'package main\n\nimport (\n\t"encoding/json"\n\t"fmt"\n)\n\n'
         "func main() { b, _ := json.Marshal([]int{1, 2}); fmt.Println(string(b)) }\n"
     )
     assert result(run(program, "go"))[3] == "[1,2]\n"
-    assert snapshot(compiles.cache / "verl-hyperlight") == before
+    assert snapshot(cache) == before
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, float]]:
@@ -661,3 +656,30 @@ def toolchains() -> Iterator[None]:
     if missing:
         pytest.fail(f"these tests need {', '.join(missing)} (CI installs them): {missing}")
     yield
+
+
+def test_selftests_case_of_each_language_passes_and_a_missing_toolchain_is_a_warning(
+    compiles: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for language in compiled.LANGUAGES:
+        check = selftest.compiled_check("hyperlight://", language)
+        assert (check.name, check.status) == (f"{language} case", "ok"), check
+    monkeypatch.setenv("PATH", str(tmp_path))
+    check = selftest.compiled_check("hyperlight://", "cpp")
+    assert check.status == "warn" and "apt-get install g++" in check.detail, check
+
+
+def test_a_toolchain_installed_under_tmp_is_seen_in_the_sandbox(tmp_path: Path) -> None:
+    # A venv's Go lives wherever the venv does (CI's, under /tmp): the sandbox's own /tmp must
+    # not hide it.
+    tool = tmp_path / "tool"
+    (tool / "bin").mkdir(parents=True)
+    script = tool / "bin" / "hello"
+    script.write_text("#!/bin/sh\necho seen\n")
+    script.chmod(0o755)
+    build = tmp_path / "build"
+    build.mkdir()
+    toolchain = compiled._Toolchain("x", (str(script),), roots=(str(tool),))
+    argv = compiled._sandbox(compiled._bwrap(need_overlay=False), str(build), toolchain)
+    done = subprocess.run([*argv, *toolchain.argv], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "seen\n"), done.stderr

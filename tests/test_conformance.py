@@ -50,6 +50,8 @@ from verl_hyperlight.commands.conformance import (
     shape,
 )
 
+pytestmark = pytest.mark.once
+
 KNOWN_LIMITS = Path(__file__).resolve().parent.parent / "docs" / "known-limits.md"
 CLEAN_ENV = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
 # The stand-in's interpreter has none of the agent image's libraries: a CPython 3.12 that has

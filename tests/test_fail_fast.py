@@ -22,6 +22,8 @@ from verl_hyperlight.case.guests import guest_for
 from verl_hyperlight.errors import BackendError, Diagnosis, FailingFast
 from verl_hyperlight.hluk import binary as _binary
 
+pytestmark = pytest.mark.once
+
 AT_ONCE = "answered at once"
 OPENED = "so its cases are answered SandboxError at once"
 CLOSED = "starts again"

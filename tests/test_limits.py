@@ -17,6 +17,8 @@ from hostside import Host, option, result, run
 from verl_hyperlight.guest.protocol import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
 from verl_hyperlight.hluk import watch as _watch
 
+pytestmark = pytest.mark.once
+
 MIB = 1024 * 1024
 # Find the console among the solution's descriptors (the runner keeps it open) and write to it
 # directly, around the runner's capped streams.

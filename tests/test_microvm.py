@@ -290,3 +290,43 @@ def test_cases_in_ready_guests_answer_as_in_micro_vms_started_for_them() -> None
     assert [words[0] for words in answers] == [f"case{i}" for i in range(6)]
     assert len({words[1] for words in answers}) == 6
     assert api.ready_guests().taken - taken >= 4
+
+
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        (
+            "cpp",
+            "#include <iostream>\nint main() { long a, b; std::cin >> a >> b;\n"
+            '  std::cout << a + b << "\\n"; std::cerr << "err\\n"; return 3; }\n',
+        ),
+        (
+            "rust",
+            "use std::io::Read;\nfn main() { let mut s = String::new();\n"
+            "  std::io::stdin().read_to_string(&mut s).unwrap();\n"
+            "  let n: Vec<i64> = s.split_whitespace().map(|w| w.parse().unwrap()).collect();\n"
+            '  println!("{}", n[0] + n[1]); eprintln!("err"); std::process::exit(3); }\n',
+        ),
+        (
+            "go",
+            'package main\n\nimport (\n\t"fmt"\n\t"os"\n)\n\nfunc main() {\n\tvar a, b int\n'
+            '\tfmt.Scan(&a, &b)\n\tfmt.Println(a + b)\n\tfmt.Fprintln(os.Stderr, "err")\n'
+            "\tos.Exit(3)\n}\n",
+        ),
+    ],
+)
+def test_a_compiled_program_runs_in_the_python_guest_with_its_streams_apart(
+    language: str, code: str
+) -> None:
+    """The static PIE the host built, started by the runner with subprocess (vfork + execve
+    in hluk's guest): its stdin, its stdout and stderr apart, its exit status."""
+    response, error = run_code("hyperlight://", code, "19 23\n", 60, 10, 1024, language)
+    assert error is None and response is not None, error
+    assert response["status"] == "Failed", response
+    assert response["compile_result"]["return_code"] == 0
+    run_result = response["run_result"]
+    assert (run_result["return_code"], run_result["stdout"], run_result["stderr"]) == (
+        3,
+        "42\n",
+        "err\n",
+    )

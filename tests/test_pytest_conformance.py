@@ -29,6 +29,8 @@ from verl_hyperlight import run_code
 from verl_hyperlight.case import pytest_library as _guest_pytest
 from verl_hyperlight.guest import runner
 
+pytestmark = pytest.mark.once
+
 Shape = dict[str, object]
 
 # pip's console script for pytest's entry point (_pytest.config:_console_main), as it writes it.

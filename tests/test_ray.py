@@ -551,9 +551,16 @@ def notebook_hluks(node: Node) -> list[int]:
         pid
         for pid in processes_with(".notebook(")
         if pid in processes_with("/standin/hluk\0")
-        and f"HLUK_CACHE_DIR={node.root / 'cache'}".encode()
-        in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        and f"HLUK_CACHE_DIR={node.root / 'cache'}".encode() in environ_of(pid)
     ]
+
+
+def environ_of(pid: int) -> list[bytes]:
+    """A process's environment; none once it has exited (it may, between listing and reading)."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
 
 
 def test_a_trajectorys_notebook_lives_on_one_node_and_ends_when_released(

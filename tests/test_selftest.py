@@ -36,6 +36,8 @@ from verl_hyperlight import settings
 from verl_hyperlight.commands import selftest as st
 from verl_hyperlight.commands.conformance import FAMILIES, PROGRAMS, Interpreter, load_recording
 
+pytestmark = pytest.mark.once
+
 # A whole run of the corpus on two shared cores, with room for a loaded machine.
 CORPUS_TIMEOUT = 600
 BROKEN_TIMEOUT = 120
@@ -106,7 +108,6 @@ def test_the_known_limits_a_verdict_quotes_are_the_readmes_own_sentences() -> No
     assert quoted and [limit for limit in sorted(quoted) if limit not in said] == []
 
 
-@pytest.mark.once
 @pytest.mark.parametrize("ready_guests", ["0", str(settings.READY_GUESTS_DEFAULT)])
 def test_selftest_agrees_on_the_stand_in_except_the_documented_divergences(
     standin_env: dict[str, str], ready_guests: str
@@ -116,7 +117,9 @@ def test_selftest_agrees_on_the_stand_in_except_the_documented_divergences(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["ok"] is True and report["broken"] == ""
-    assert [c["name"] for c in report["checks"]] == ["hluk", "snapshot", "case", "notebook"]
+    backend = ["hluk", "snapshot", "case", "notebook"]
+    compiled = ["cpp case", "go case", "rust case"]
+    assert [c["name"] for c in report["checks"]] == [*backend, *compiled]
     assert _verdicts(report, "known limit") == DOCUMENTED
     assert _verdicts(report, "skipped") == NEEDING_LIBRARIES  # the python image has neither
     assert _verdicts(report, "agreed") == {p.name for p in PROGRAMS} - DOCUMENTED - (
@@ -177,7 +180,6 @@ def _package_with_a_runner_that_drops_a_line(root: Path) -> Path:
     return root
 
 
-@pytest.mark.once
 def test_a_runner_that_drops_a_line_of_stderr_is_reported_for_that_program_alone(
     standin_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -323,7 +325,8 @@ def test_ctrl_c_stops_the_corpus_at_once_cancelling_its_cases_and_says_what_it_c
     assert command.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr
     checks = re.findall(r"^(ok|warn|fail) +(\S+)", stdout, re.M)
-    assert [name for _, name in checks] == ["hluk", "snapshot", "case", "notebook"]
+    compiled = ["cpp", "go", "rust"]
+    assert [name for _, name in checks] == ["hluk", "snapshot", "case", "notebook", *compiled]
     assert "fail" not in [status for status, _ in checks]
     lines = stdout.splitlines()
     checked = re.match(r"interrupted \(Ctrl-C\) with (\d+) of (\d+) programs checked: ", lines[-2])

@@ -25,6 +25,8 @@ from verl_hyperlight.agent.calls import (
 )
 from verl_hyperlight.hluk import spawn as _spawn
 
+pytestmark = pytest.mark.once
+
 
 def tool(**config: Any) -> CodeRunner:
     return CodeRunner(
@@ -363,7 +365,6 @@ def test_a_notebook_runs_on_every_way_of_starting_hluk(
     assert wait_for(lambda: not still_running(held))
 
 
-@pytest.mark.once
 def test_many_trajectories_at_once_each_keep_their_own_notebook(host: Host) -> None:
     """An agent-loop worker with 64 trajectories in flight, each calling 3 times, 8 calls
     running at once: every trajectory reads back only its own state, and nothing is left."""

@@ -28,6 +28,8 @@ from verl_hyperlight.case.guests import guest_for, hluk_argv, notebook_code
 from verl_hyperlight.errors import ZEROES_REWARDS
 from verl_hyperlight.hluk import spawn as _spawn
 
+pytestmark = pytest.mark.once
+
 # A pipe's default size: 16 pages (a user past fs.pipe-user-pages-soft gets 2).
 DEFAULT_PIPE = 16 * 4096
 

@@ -184,6 +184,13 @@ CASE_DIR = Setting(
     _text,
     "The directory case directories are made in, with no fallback.",
 )
+COMPILE_CACHE_DIR = Setting(
+    "VERL_HYPERLIGHT_COMPILE_CACHE_DIR",
+    None,
+    "verl-hyperlight/ in hluk's cache directory",
+    _text,
+    "Where a node keeps Go's warm build cache, which every go case reads and none writes.",
+)
 BWRAP = Setting(
     "VERL_HYPERLIGHT_BWRAP",
     None,
@@ -307,6 +314,7 @@ ALL: tuple[Setting[Any], ...] = (
     HLUK_ENV,
     SPAWN,
     CASE_DIR,
+    COMPILE_CACHE_DIR,
     BWRAP,
     COMPILE_MEMORY_MB,
     TOKEN,
@@ -515,8 +523,12 @@ def hluk_cache_directory() -> str:
 
 
 def compile_cache_dir() -> str:
-    """Where a node keeps what compiles share (Go's warm build cache): beside hluk's cache."""
-    return os.path.join(hluk_cache_directory(), "verl-hyperlight")
+    """Where a node keeps what compiles share (Go's warm build cache): beside hluk's cache,
+    unless VERL_HYPERLIGHT_COMPILE_CACHE_DIR says where."""
+    chosen = COMPILE_CACHE_DIR.value()
+    if chosen is None:
+        return os.path.join(hluk_cache_directory(), "verl-hyperlight")
+    return chosen if os.path.isabs(chosen) else os.path.join(os.getcwd(), chosen)
 
 
 def variables(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict[str, str]:

@@ -286,13 +286,14 @@ def _sandbox(bwrap: str, directory: str, toolchain: _Toolchain) -> list[str]:
     if os.path.isdir("/etc/alternatives"):
         # Debian's links to the chosen programs (cc, c++, ld): links only, no host data.
         argv += ["--ro-bind", "/etc/alternatives", "/etc/alternatives"]
-    for root in toolchain.roots:
-        if not root.startswith("/usr/"):
-            argv += ["--ro-bind", root, root]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     if _bwrap_version(bwrap) >= (0, 10):
         argv += ["--size", str(TMP_SIZE)]
     argv += ["--tmpfs", "/tmp"]
+    # After /tmp's tmpfs, which would hide a toolchain installed under /tmp (a venv's Go).
+    for root in toolchain.roots:
+        if not root.startswith("/usr/"):
+            argv += ["--ro-bind", root, root]
     if toolchain.go_cache is not None:
         argv += ["--overlay-src", toolchain.go_cache, "--tmp-overlay", "/gocache"]
     # The root, bubblewrap's own tmpfs, read-only once its mount points are made: a compile
@@ -370,6 +371,10 @@ def _rust() -> _Toolchain:
         "target-feature=+crt-static",
         "-C",
         "relocation-model=pie",
+        # The standard library's debug information is 4 of a program's 5 MB, copied into each
+        # case and read by its guest; a panic's message and location do not need it.
+        "-C",
+        "strip=debuginfo",
     )
     return _Toolchain(source, argv, roots=(sysroot,))
 

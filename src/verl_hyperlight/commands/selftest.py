@@ -159,6 +159,55 @@ def notebook_check(url: str) -> doctor.Check:
     )
 
 
+# One program per compiled language: its stdin summed, a line to stderr, exit status 3. Each
+# reads and writes all three streams, and shows that the status and the streams come back apart.
+COMPILED = {
+    "cpp": '#include <cstdio>\nint main() { long a, b; if (std::scanf("%ld %ld", &a, &b) != 2)'
+    ' return 1; std::printf("%ld\\n", a + b); std::fprintf(stderr, "to stderr\\n"); return 3; }\n',
+    "go": 'package main\n\nimport (\n\t"fmt"\n\t"os"\n)\n\nfunc main() {\n\tvar a, b int\n'
+    '\tfmt.Scan(&a, &b)\n\tfmt.Println(a + b)\n\tfmt.Fprintln(os.Stderr, "to stderr")\n'
+    "\tos.Exit(3)\n}\n",
+    "rust": "use std::io::Read;\nfn main() { let mut s = String::new();\n"
+    "    std::io::stdin().read_to_string(&mut s).unwrap();\n"
+    "    let n: Vec<i64> = s.split_whitespace().map(|w| w.parse().unwrap()).collect();\n"
+    '    println!("{}", n[0] + n[1]); eprintln!("to stderr"); std::process::exit(3); }\n',
+}
+COMPILED_STDIN = "19 23\n"
+COMPILED_ANSWER = ("Failed", 3, "42\n", "to stderr\n")
+
+
+def compiled_check(url: str, language: str) -> doctor.Check:
+    """A `language` case end to end: compiled on the node that runs it, run in a micro-VM. A
+    node without the language's toolchain is warned of (its other languages run), not failed."""
+    name = f"{language} case"
+    started = time.monotonic()
+    response, error = run_code(
+        url, COMPILED[language], COMPILED_STDIN, 60, 10, MEMORY_LIMIT_MB, language
+    )
+    seconds = time.monotonic() - started
+    if error is not None or response is None:
+        return doctor.fail(name, f"was not run: {error}", diagnosis.SEE_WARM_UP)
+    if response["status"] == "SandboxError":
+        # The toolchain or the sandbox it compiles in is missing: the message names the install.
+        return doctor.warn(name, response["message"], "see docs/languages.md")
+    run = response["run_result"] or {}
+    got = (response["status"], run.get("return_code"), run.get("stdout"), run.get("stderr"))
+    if got != COMPILED_ANSWER:
+        compile_result = response.get("compile_result") or {}
+        return doctor.fail(
+            name,
+            f"answered {got!r} where {COMPILED_ANSWER!r} was due (the compile: "
+            f"{compile_result.get('status')}, {str(compile_result.get('stderr'))[-300:]!r})",
+            diagnosis.SEE_WARM_UP,
+        )
+    compile_seconds = float(response["compile_result"]["execution_time"])
+    return doctor.ok(
+        name,
+        f"compiled in {compile_seconds:.2f} s and ran with its stdin, stdout, stderr and exit "
+        f"status apart ({seconds:.2f} s in all)",
+    )
+
+
 def _stdout(answered: dict[str, Any] | str) -> str | None:
     """A successful run's stdout."""
     if isinstance(answered, str) or answered["status"] != "Success":
@@ -216,6 +265,10 @@ def _check(
     notebook = notebook_check(url)
     report.checks.append(notebook)
     on_check(notebook)
+    for language in COMPILED:
+        check = compiled_check(url, language)
+        report.checks.append(check)
+        on_check(check)
     probe = _run(url, PROBE, None, 10.0)
     if isinstance(probe, str):
         broken = f"the program that asks the guest its Python version failed: {probe}"

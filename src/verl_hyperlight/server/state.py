@@ -195,6 +195,7 @@ class Server:
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it has started
         self.serving = False
         self.reason = "warming up"
+        self.compiles_warming = False
         self.check: asyncio.Future[None] | None = None
         self.pod_name = POD_NAME.value()
         self.deadlines = deadlines.for_case()  # as the settings were when it started
@@ -213,7 +214,7 @@ class Server:
                 warmth = gate.ensure_ready(hluk_path(), guest)
                 how = "" if warmth is None else f" (probe took {warmth.seconds:.2f} s)"
                 became = f"{guest.image.label} is warm{how}"
-                became += self._compiles_warm()
+                self._warm_compiles()
             else:
                 became = self._check_the_cluster(url, resource, memory)
         except (BackendError, InvalidRequest) as exc:
@@ -225,17 +226,25 @@ class Server:
             logger.info("ready: %s", became)
         self.serving, self.reason = True, "ready"
 
-    def _compiles_warm(self) -> str:
-        """Go's build cache warmed before the server is first ready, so that no go case waits
-        for it (a stat once warm). A node that cannot warm it still serves the other languages:
-        its go cases say why."""
-        try:
-            warmed = compiled.warm()
-        except BackendError as exc:
-            if not self.serving:
+    def _warm_compiles(self) -> None:
+        """Go's build cache warmed once the guest is, in a thread of its own: readiness does
+        not wait for it (a node may serve no go case), and a go case that comes meanwhile waits
+        for that warm-up rather than starting its own. Said when done, or why it failed (the
+        other languages are served either way)."""
+        if self.compiles_warming:
+            return
+        self.compiles_warming = True
+
+        def warm() -> None:
+            try:
+                warmed = compiled.warm()
+            except BackendError as exc:
                 logger.error("go cases cannot compile here: %s", exc)
-            return ""
-        return "" if warmed is None else f"; {warmed}"
+                return
+            if warmed is not None:
+                logger.info("%s", warmed)
+
+        threading.Thread(target=warm, name="verl-hyperlight-compiles", daemon=True).start()
 
     def _check_the_cluster(self, url: str, resource: str, memory: int) -> str:
         """What makes a ?ray server ready: an alive node offers `resource`, and (once) a probe
