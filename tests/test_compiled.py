@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -602,31 +603,13 @@ def test_go_warms_its_cache_once_per_node(
     monkeypatch.setattr(compiled, "GO_WARM_PROGRAM", "package main\n\nfunc main() {}\n")
     caplog.set_level("WARNING", "verl_hyperlight")
     program = 'package main\n\nfunc main() { println("warm") }\n'
-    with ThreadPool(3) as pool:
-        answers = pool.map(lambda _: result(run(program, "go"))[4], range(3))
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda _: result(run(program, "go"))[4], range(3)))
     assert answers == ["warm\n"] * 3
     warmed = [r for r in caplog.records if "warming the Go build cache" in r.getMessage()]
     assert len(warmed) == 1
     caches = list((host.cache / "compiles").glob("go-build-*"))
     assert [(cache / ".warm").exists() for cache in caches if cache.is_dir()] == [True]
-
-
-class ThreadPool:
-    """A few threads that map a function, as cases arrive from a worker's threads."""
-
-    def __init__(self, size: int) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.executor = ThreadPoolExecutor(size)
-
-    def __enter__(self) -> ThreadPool:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.executor.shutdown()
-
-    def map(self, function: Callable[[int], str], items: range) -> list[str]:
-        return list(self.executor.map(function, items))
 
 
 def test_cases_poison_nothing_for_the_next_go_compile(compiles: Host) -> None:
