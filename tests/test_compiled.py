@@ -271,6 +271,12 @@ def test_sandbox_fusions_runner_tests_pass_through_serve(
 ) -> None:
     served = serve()
     with served.client() as client:
+        # The node's Go cache (the session's, warm) is said warm once serve has looked.
+        deadline = time.monotonic() + 120
+        while (readiness := client.get("/readyz").json())["compiles"] == "warming":
+            assert time.monotonic() < deadline, readiness
+            time.sleep(0.2)
+        assert readiness == {"ready": True, "reason": "ready", "compiles": "warm"}
         for test in SF_TESTS:
             # Every field, as Sandbox Fusion's tests send RunCodeRequest(...).model_dump().
             body = {
@@ -610,6 +616,38 @@ def test_go_warms_its_cache_once_per_node(
     assert len(warmed) == 1
     caches = list((host.cache / "compiles").glob("go-build-*"))
     assert [(cache / ".warm").exists() for cache in caches if cache.is_dir()] == [True]
+
+
+def test_serve_stopped_while_warming_go_kills_the_build_and_leaves_nothing(
+    serve: Callable[..., Served], tmp_path: Path
+) -> None:
+    # A cold cache of its own: serve is stopped (SIGTERM) while its Go build runs.
+    cache = tmp_path / "cold-compiles"
+    served = serve(env={"VERL_HYPERLIGHT_COMPILE_CACHE_DIR": str(cache)})
+    with served.client() as client:
+        deadline = time.monotonic() + 60
+        while client.get("/readyz").json()["compiles"] != "warming" or not builds_in(cache):
+            assert time.monotonic() < deadline, served.logged()
+            time.sleep(0.05)
+    assert served.stop() in (0, -signal.SIGTERM)  # uvicorn raises the signal again once done
+    # The build is gone with the server (not left to finish as an orphan), and so are the
+    # directory it built in and the half-built cache, which the next warm-up rebuilds.
+    assert not builds_in(cache), served.logged()
+    assert served.case_dirs() == [] and not list(cache.glob(".warming-*"))
+    assert not [path for path in cache.glob("go-build-*") if path.is_dir()]
+
+
+def builds_in(cache: Path) -> list[int]:
+    """The processes whose command line names `cache` (the warm-up's bubblewrap and go)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if str(cache).encode() in line and entry.name.isdigit():
+            found.append(int(entry.name))
+    return found
 
 
 def test_cases_poison_nothing_for_the_next_go_compile(compiles: Host) -> None:

@@ -445,11 +445,14 @@ def test_while_starts_are_slow_no_guest_is_started_ahead_and_cases_start_their_o
     CPU: for as long as a ready guest may idle, none is started (each would be one more start
     on a node already slow to start), then they are again."""
     caplog.set_level(logging.INFO, "verl_hyperlight")
-    monkeypatch.setenv(settings.READY_IDLE.name, "2")
+    # Long enough that the three cases below run inside the pause on a loaded CI machine (CI
+    # saw 2 s run out under them, and a guest started ahead, as it should once it is over).
+    monkeypatch.setenv(settings.READY_IDLE.name, "8")
     guests = pool()
     limits = deadlines.for_case(10)
     slow = an_outcome(Ending.FINISHED, 0.3 * limits.startup)
     assert guests.run_case([], limits, None, lambda started: slow) is slow
+    paused_until = time.monotonic() + 8
     for stdin in ("a", "b", "c"):
         assert result(case(stdin))[3].startswith(f"stdin {stdin}\n")
     assert ready_runs(on) == [] and pool().taken == 0
@@ -457,7 +460,8 @@ def test_while_starts_are_slow_no_guest_is_started_ahead_and_cases_start_their_o
         r.getMessage() for r in caplog.records if "no micro-VM is started ahead" in r.getMessage()
     ]
     assert len(said) == 1 and f"took {0.3 * limits.startup:.1f} s to start" in said[0]
-    time.sleep(2.5)  # the pause over: a case asks for one again, and the next takes it
+    # The pause over: a case asks for one again, and the next takes it.
+    time.sleep(max(0.0, paused_until - time.monotonic()) + 0.5)
     case("after")
     waiting_for(1)
     assert result(case("then"))[3].startswith("stdin then\n") and pool().taken == 1

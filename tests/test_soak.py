@@ -35,8 +35,10 @@ STARTUP_TIMEOUT = 10.0
 
 @pytest.mark.parametrize(("via", "cases"), [("run_code", 80), ("serve", 50)])
 def test_a_short_soak_answers_every_case_rightly_or_sandbox_error_and_leaks_nothing(
-    tmp_path: Path, via: str, cases: int
+    tmp_path: Path, via: str, cases: int, compile_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # serve warms Go's build cache before the soak's cases: the session's, warm, not its own.
+    monkeypatch.setenv("VERL_HYPERLIGHT_COMPILE_CACHE_DIR", str(compile_cache))
     report = soak.soak(
         via, 8, cases, seed=7, scratch=tmp_path, faults=FAULTS, startup_timeout=STARTUP_TIMEOUT
     )

@@ -156,10 +156,11 @@ def check(language: str) -> str:
     return found
 
 
-def warm() -> str | None:
+def warm(cancel: threading.Event | None = None) -> str | None:
     """Have this node's compiles ready ahead of their cases (warm-up, serve): Go's build cache
     warmed, where Go is installed; what was seen, or None where there is nothing to warm.
-    BackendError when the cache cannot be made."""
+    BackendError when the cache cannot be made; Refused when `cancel` is set meanwhile (the
+    build killed, its directory removed: serve stopping)."""
     try:
         go = _go_of(_go_binary())
         _bwrap(need_overlay=True)
@@ -167,7 +168,7 @@ def warm() -> str | None:
         return None  # no Go here (or nothing to compile it in): its cases say so themselves
     if go.version < MINIMUM_GO:
         return None
-    return f"Go's build cache is warm at {_warm_go_cache(go)}"
+    return f"Go's build cache is warm at {_warm_go_cache(go, cancel)}"
 
 
 def _compile(
@@ -466,7 +467,7 @@ def _go_cache_directory(go: _Go) -> str:
     return os.path.join(settings.compile_cache_dir(), f"go-build-go1.{go.version[1]}-{which}")
 
 
-def _warm_go_cache(go: _Go) -> str:
+def _warm_go_cache(go: _Go, cancel: threading.Event | None = None) -> str:
     """The node's warm Go cache for `go`: built once per node (under a file lock: other
     workers wait for it), then only read. Looked for at each compile (a stat): the cache
     directory follows hluk's, which an operator may move."""
@@ -481,13 +482,13 @@ def _warm_go_cache(go: _Go) -> str:
             lock = FileLock(directory + ".lock")
             with lock.acquire(timeout=GO_CACHE_WARM_SECONDS):
                 if not os.path.exists(ready):
-                    _build_go_cache(go, directory)
+                    _build_go_cache(go, directory, cancel)
         except (OSError, Timeout) as exc:
             raise diagnosis.go_cache_failed(directory, str(exc)) from None
         return directory
 
 
-def _build_go_cache(go: _Go, directory: str) -> None:
+def _build_go_cache(go: _Go, directory: str, cancel: threading.Event | None) -> None:
     logger.warning(
         "verl-hyperlight: warming the Go build cache at %s (the standard library built as a "
         "PIE, once per node: about a minute)",
@@ -496,30 +497,40 @@ def _build_go_cache(go: _Go, directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
     bwrap = _bwrap(need_overlay=False)
-    made = casedir.make([("warm.go", GO_WARM_PROGRAM.encode())])
+    # Its build directory beside the cache, not among the cases' directories: it is the node's.
+    scratch = tempfile.mkdtemp(prefix=".warming-", dir=os.path.dirname(directory))
     try:
+        with open(os.path.join(scratch, "warm.go"), "wb") as f:
+            f.write(GO_WARM_PROGRAM.encode())
         toolchain = _Toolchain(
             "warm.go",
             (go.binary, "build", "-buildmode=pie", "-o", "out", "warm.go"),
             roots=(go.root,),
             environment=_go_environment(go, "/gocache"),
         )
-        argv = _sandbox(bwrap, made.path, toolchain)
+        argv = _sandbox(bwrap, scratch, toolchain)
         argv[argv.index("--bind") : argv.index("--bind")] = ["--bind", directory, "/gocache"]
-        done = subprocess.run(
-            [*argv, *toolchain.argv],
-            capture_output=True,
-            env={},
-            timeout=GO_CACHE_WARM_SECONDS,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise OSError(done.stderr.decode(errors="replace").strip()[-500:])
-    except subprocess.TimeoutExpired:
-        raise OSError(f"the warm-up build took more than {GO_CACHE_WARM_SECONDS:.0f} s") from None
+        err_path = os.path.join(scratch, ".stderr")
+        with open(err_path, "wb") as err:
+            process = subprocess.Popen(
+                [*argv, *toolchain.argv],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={},
+                close_fds=True,
+                start_new_session=True,
+            )
+            status = _wait(process, time.monotonic() + GO_CACHE_WARM_SECONDS, cancel)
+        if status is None:
+            raise OSError(f"the warm-up build took more than {GO_CACHE_WARM_SECONDS:.0f} s")
+        if status != 0:
+            raise OSError(_read(err_path).strip()[-500:])
+    except Refused:
+        shutil.rmtree(directory, ignore_errors=True)  # half built: the next warm-up starts anew
+        raise
     finally:
-        shutil.rmtree(made.path, ignore_errors=True)
-        made.remove()
+        shutil.rmtree(scratch, ignore_errors=True)
     with open(os.path.join(directory, ".warm"), "w") as f:
         f.write(f"go1.{go.version[1]}\n")
 

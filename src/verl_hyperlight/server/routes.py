@@ -50,7 +50,8 @@ async def ping() -> Reply:
 
 async def readyz(server: Server) -> Reply:
     ready, reason = await server.readiness()
-    return Reply(200 if ready else 503, render_json({"ready": ready, "reason": reason}))
+    answer = {"ready": ready, "reason": reason, "compiles": server.compiles}
+    return Reply(200 if ready else 503, render_json(answer))
 
 
 async def metrics(server: Server) -> Reply:

@@ -23,7 +23,7 @@ from .. import deadlines, diagnosis
 from ..case import api, cluster, compiled, gate
 from ..case.guests import guest_for
 from ..case.url import parse_url
-from ..errors import BackendError, Diagnosis, InvalidRequest
+from ..errors import BackendError, Diagnosis, InvalidRequest, Refused
 from ..hluk.binary import hluk_path
 from ..settings import POD_NAME, ServeSettings
 from .metrics import Metrics
@@ -195,7 +195,12 @@ class Server:
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it has started
         self.serving = False
         self.reason = "warming up"
-        self.compiles_warming = False
+        # Go's build cache, warmed in a thread of its own once the guest is: "not started",
+        # "warming", then "warm", "nothing to warm" (no Go here), "failed" (logged why) or
+        # "stopped" (the server stopped first).
+        self.compiles = "not started"
+        self.compiles_cancel = threading.Event()  # set when the server stops
+        self.compiles_thread: threading.Thread | None = None
         self.check: asyncio.Future[None] | None = None
         self.pod_name = POD_NAME.value()
         self.deadlines = deadlines.for_case()  # as the settings were when it started
@@ -217,6 +222,7 @@ class Server:
                 self._warm_compiles()
             else:
                 became = self._check_the_cluster(url, resource, memory)
+                self.compiles = "on the nodes"  # each warms its own as its first case comes
         except (BackendError, InvalidRequest) as exc:
             if self.serving or self.reason != str(exc):
                 logger.error("not ready: %s", exc)
@@ -231,20 +237,31 @@ class Server:
         not wait for it (a node may serve no go case), and a go case that comes meanwhile waits
         for that warm-up rather than starting its own. Said when done, or why it failed (the
         other languages are served either way)."""
-        if self.compiles_warming:
+        if self.compiles != "not started":
             return
-        self.compiles_warming = True
+        self.compiles = "warming"
 
         def warm() -> None:
             try:
-                warmed = compiled.warm()
+                warmed = compiled.warm(self.compiles_cancel)
+            except Refused:
+                self.compiles = "stopped"  # the server stops: the half-built cache removed
+                return
             except BackendError as exc:
                 logger.error("go cases cannot compile here: %s", exc)
+                self.compiles = "failed"
                 return
+            except BaseException:
+                self.compiles = "failed"
+                raise
             if warmed is not None:
                 logger.info("%s", warmed)
+            self.compiles = "nothing to warm" if warmed is None else "warm"
 
-        threading.Thread(target=warm, name="verl-hyperlight-compiles", daemon=True).start()
+        self.compiles_thread = threading.Thread(
+            target=warm, name="verl-hyperlight-compiles", daemon=True
+        )
+        self.compiles_thread.start()
 
     def _check_the_cluster(self, url: str, resource: str, memory: int) -> str:
         """What makes a ?ray server ready: an alive node offers `resource`, and (once) a probe
@@ -416,6 +433,10 @@ class Server:
             await asyncio.sleep(0.05)
         if self.in_flight:
             logger.error("stopping with %d cases still ending", len(self.in_flight))
+        # Go's cache, if it is still being built: the build killed, its directories removed.
+        self.compiles_cancel.set()
+        if self.compiles_thread is not None:
+            await asyncio.to_thread(self.compiles_thread.join, STOP_SECONDS)
         # And the micro-VMs started for cases that will not come now.
         await asyncio.to_thread(api.close)
 
