@@ -84,6 +84,33 @@ def test_a_setting_no_case_could_run_with_stops_the_command_at_once_as_a_usage_e
     assert said.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["warm-up"], ["run", "/dev/null"], ["doctor"], ["bench"], ["selftest"], ["serve"]],
+)
+def test_every_command_takes_its_url_as_url(
+    hluk: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """A newcomer's `doctor --url hyperlight://` was a usage error: every command takes --url
+    (and those that took the URL as their argument still do)."""
+    status = main([*command, "--url", "hyperlight:/"])
+    said = capsys.readouterr()
+    # The URL given reached the command, which says what is wrong with it: a usage error
+    # where it is judged before the command runs, doctor's failed check and bench's error.
+    assert status in (1, 2)
+    assert "did you mean 'hyperlight://'?" in said.out + said.err, said
+
+
+@pytest.mark.parametrize("command", ["warm-up", "doctor", "bench", "selftest"])
+def test_a_url_given_twice_differently_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "hyperlight://", "--url", "hyperlight://?ray"])
+    assert exited.value.code == 2
+    assert "two sandbox URLs: --url hyperlight://?ray and hyperlight://" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", [["run", "/dev/null"], ["warm-up"], ["doctor"], ["bench"]])
 def test_an_absurd_memory_limit_is_refused_by_every_command_as_serve_refuses_it(
     capsys: pytest.CaptureFixture[str], command: list[str]

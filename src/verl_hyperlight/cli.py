@@ -48,6 +48,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The sandbox URL every command takes when it is given none.
+DEFAULT_URL = "hyperlight://"
+
+
+def _add_url(
+    command: argparse.ArgumentParser, help: str = "sandbox URL", *, positional: bool = True
+) -> None:
+    """Every command takes its sandbox URL as --url; those that took it as their one positional
+    argument still do (`doctor hyperlight://?ray` as `doctor --url hyperlight://?ray`)."""
+    command.add_argument("--url", default=None, help=f"{help} (default {DEFAULT_URL})")
+    if positional:
+        command.add_argument(
+            "positional_url", nargs="?", default=None, metavar="URL", help="the same, as --url"
+        )
+
+
+def _url_of(args: argparse.Namespace) -> None:
+    """args.url: --url or the positional URL (a usage error when both say different things),
+    else the default."""
+    given = {url for url in (args.url, getattr(args, "positional_url", None)) if url is not None}
+    if len(given) > 1:
+        args.usage.error(f"two sandbox URLs: --url {args.url} and {args.positional_url}")
+    args.url = given.pop() if given else DEFAULT_URL
+
+
 def _add_warm_up(commands: _Commands) -> None:
     warm = commands.add_parser(
         "warm-up",
@@ -55,7 +80,7 @@ def _add_warm_up(commands: _Commands) -> None:
         description="Pull the image and take the warm snapshot, as a reward worker does before "
         "its first case; run it once per node before training to keep that out of step one.",
     )
-    warm.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
+    _add_url(warm)
     warm.add_argument(
         "--memory-limit-mb",
         type=_memory_limit,
@@ -79,11 +104,7 @@ def _add_run(commands: _Commands) -> None:
     )
     # Bytes: the solution and its input reach the guest as written (\r\n stays \r\n).
     run.add_argument("solution", type=argparse.FileType("rb"))
-    run.add_argument(
-        "--url",
-        default="hyperlight://",
-        help="sandbox URL: hyperlight://..., or http(s)://.../run_code",
-    )
+    _add_url(run, "sandbox URL: hyperlight://..., or http(s)://.../run_code", positional=False)
     run.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds")
     run.add_argument("--memory-limit-mb", type=_memory_limit, default=1024)
     run.add_argument(
@@ -119,7 +140,7 @@ def _add_bench(commands: _Commands) -> None:
         "past which cases/s stops rising or p99 degrades, shared among them. Takes about "
         "len(levels) x seconds.",
     )
-    bench.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
+    _add_url(bench)
     bench.add_argument(
         "--concurrency",
         type=_levels,
@@ -145,7 +166,7 @@ def _add_doctor(commands: _Commands) -> None:
         "sizing (with --max-concurrent and --num-workers) and verl's plugin setup. Exits 0 only "
         "when nothing fails.",
     )
-    doctor.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
+    _add_url(doctor)
     doctor.add_argument(
         "--memory-limit-mb",
         type=_memory_limit,
@@ -173,7 +194,7 @@ def _add_selftest(commands: _Commands) -> None:
         "makes them. Exits 0 only when every difference is a known limit; Ctrl-C stops it at "
         "once, saying what it had checked.",
     )
-    selftest.add_argument("url", nargs="?", default="hyperlight://", help="sandbox URL")
+    _add_url(selftest)
     selftest.add_argument(
         "--jobs",
         type=_positive_int,
@@ -195,7 +216,7 @@ def _add_serve(commands: _Commands) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     serve.add_argument("--port", type=int, default=8080, help="port (8080)")
-    serve.add_argument("--url", default="hyperlight://", help="sandbox URL the cases run with")
+    _add_url(serve, "sandbox URL the cases run with", positional=False)
     # Parsed here, judged by ServeSettings (settings.py), which makes the defaults too.
     serve.add_argument(
         "--max-concurrent",
@@ -307,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command is not None:
+        _url_of(args)
     _judge_memory(args)
     if args.command == "serve":
         try:
