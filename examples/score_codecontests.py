@@ -13,6 +13,7 @@ needs verl 0.6 or later, verl-hyperlight, and hluk on PATH (or HLUK_PATH naming 
 
 from __future__ import annotations
 
+import sys
 import textwrap
 import threading
 import time
@@ -27,6 +28,8 @@ SANDBOX_URL = "hyperlight://"
 MEMORY_LIMIT_MB = 1024  # verl's default reward.sandbox_fusion.memory_limit_mb
 # verl's reward worker passes a semaphore of reward.sandbox_fusion.max_concurrent.
 MAX_CONCURRENT = threading.Semaphore(4)
+# verl's statuses of a case that did not run (the sandbox failed it, or could not be asked).
+NOT_RUN = ("sandbox_error", "api_error", "internal_error")
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,8 @@ sys.stdout.write("\\n".join(map(str, answers)) + "\\n")
 ]
 
 
-def score(problem: Problem, completion: str) -> None:
+def score(problem: Problem, completion: str) -> int:
+    """Score `completion` and print how it went; how many of its cases could not be run."""
     started = time.perf_counter()
     value, metadata = sandbox_fusion.compute_score(
         SANDBOX_URL,
@@ -134,23 +138,37 @@ def score(problem: Problem, completion: str) -> None:
     )
     elapsed = time.perf_counter() - started
     print(f"  score {value:.2f}  ({len(metadata)} cases in {elapsed:.2f} s)")
+    unrun = 0
     for case in metadata:
         duration = case.get("duration")
         timing = "-" if duration is None else f"{duration * 1000:.1f} ms"
         line = f"    case {case.get('case_index')}: {case.get('status'):<14} run {timing}"
         response = case.get("api_response") or {}
-        if response.get("status") == "SandboxError":
-            line += f"  ({response.get('message')})"
+        if case.get("status") in NOT_RUN:
+            unrun += 1
+            line += f"  ({response.get('message') or case.get('api_request_error')})"
         print(line)
+    return unrun
 
 
-def main() -> None:
+def main() -> int:
+    """0 when every case ran (whatever its score); 1 when some could not, as their scores
+    are then the node's, not the completions'."""
+    unrun = 0
     for problem in PROBLEMS:
         print(textwrap.fill(f"{problem.name}: {problem.statement}", subsequent_indent="  "))
         for label, completion in problem.completions.items():
             print(f" {label} completion")
-            score(problem, completion)
+            unrun += score(problem, completion)
+    if unrun:
+        print(
+            f"{unrun} cases could not be run, so their scores say nothing of the completions: "
+            "see why above, and run `verl-hyperlight doctor`",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -64,6 +64,33 @@ def test_the_readme_is_a_front_door() -> None:
         assert (ROOT / link).is_file(), link
 
 
+def test_the_readmes_run_code_says_what_to_fix_on_a_node_without_hluk(tmp_path: Path) -> None:
+    """A newcomer ran the README's snippet before installing hluk: the answer is a
+    SandboxError with no run_result, and the snippet said `TypeError: 'NoneType' object is not
+    subscriptable`. It says what the answer says instead."""
+    [snippet] = [
+        block.body
+        for block, _, _ in blocks(README)
+        if block.language == "python" and "run_code(" in block.body
+    ]
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("HLUK_", "VERL_HYPERLIGHT_"))
+    }
+    environment["HLUK_PATH"] = str(tmp_path / "not-installed" / "hluk")
+    done = subprocess.run(
+        [sys.executable, "-c", snippet],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=environment,
+        timeout=120,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "hluk was not found at" in done.stderr and "install" in done.stderr
+
+
 def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page() -> None:
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     pages = nav_pages(config["nav"])

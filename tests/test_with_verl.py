@@ -484,3 +484,21 @@ def test_a_reward_worker_process_scores_a_batch(hluk: Path) -> None:
     assert worker.returncode == 0, worker.stderr
     scores = json.loads(worker.stdout.splitlines()[-1])
     assert scores == pytest.approx([expected for _, _, expected in batch])
+
+
+def test_the_example_exits_1_when_its_cases_could_not_run(tmp_path: Path) -> None:
+    """A newcomer ran examples/score_codecontests.py before installing hluk: every case a
+    sandbox error, every score 0, and exit status 0. Now it says so and exits 1."""
+    example = Path(__file__).parent.parent / "examples" / "score_codecontests.py"
+    environment = {k: v for k, v in verl_env().items() if not k.startswith("HLUK_")}
+    environment["HLUK_PATH"] = str(tmp_path / "not-installed" / "hluk")
+    done = subprocess.run(
+        [sys.executable, str(example)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=PROCESS_TIMEOUT,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "hluk was not found at" in done.stdout
+    assert "16 cases could not be run" in done.stderr and "verl-hyperlight doctor" in done.stderr
