@@ -273,7 +273,7 @@ def example_environment(block: Block, standin_env: dict[str, str]) -> dict[str, 
     }
     environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment['PATH']}"
     environment["HLUK_CACHE_DIR"] = standin_env["HLUK_CACHE_DIR"]
-    if "HLUK_PATH=" not in block.body:
+    if "HLUK_PATH=" not in block.body and "try-without-kvm.sh" not in block.body:
         environment.update(standin_env)
         environment["VERL_HYPERLIGHT_HLUK_ENV"] = "HLUK_STANDIN_*"
     return environment

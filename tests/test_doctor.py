@@ -44,7 +44,17 @@ def test_a_healthy_node_passes_every_check_and_prints_one_line_each(
     assert main(["doctor"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # The stand-in's wrapper execs it: no wrapper line.
-    names = ["platform", "python", "hluk", "/dev/kvm", "cache", "case-dir", "snapshot", "case"]
+    names = [
+        "platform",
+        "python",
+        "settings",
+        "hluk",
+        "/dev/kvm",
+        "cache",
+        "case-dir",
+        "snapshot",
+        "case",
+    ]
     compilers = ["cpp", "go", "rust"]
     assert [line.split()[1] for line in lines] == [*names, "pytest", *compilers, "spawn", "verl"]
     assert all(line.startswith("ok ") for line in lines), lines
@@ -80,9 +90,90 @@ def test_a_missing_hluk_fails_with_the_installer_line(
     status, found = run_doctor(capsys)
     assert status == 1
     assert found["hluk"]["status"] == "fail"
-    assert found["hluk"]["fix"] == _diagnosis.INSTALL_COMMAND
+    assert found["hluk"]["fix"].startswith(_diagnosis.INSTALL_COMMAND)
+    # And, on a node without KVM, how to try things: the checkout's script for the stand-in.
+    script = Path(__file__).parent.parent / "examples" / "try-without-kvm.sh"
+    assert f"to try things without KVM: source {script}" in found["hluk"]["fix"]
     assert "raw.githubusercontent.com/hyperlight-dev/hyperlight-unikraft" in found["hluk"]["fix"]
     assert "case" not in found  # nothing to run a case with
+
+
+def test_a_program_that_is_not_hluk_fails_as_not_hluk(
+    host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A newcomer's HLUK_PATH=/usr/bin/python3 passed as "ok hluk 3.11.2".
+    monkeypatch.setenv("HLUK_PATH", sys.executable)
+    status, found = run_doctor(capsys)
+    assert status == 1 and found["hluk"]["status"] == "fail"
+    assert (
+        f"{sys.executable} is not hluk: its --version printed no hluk version"
+        in (found["hluk"]["detail"])
+    )
+    assert "'Python 3." in found["hluk"]["detail"] and "HLUK_PATH" in found["hluk"]["fix"]
+
+
+@pytest.mark.parametrize("where", ["HLUK_INSTALL_DIR", "HOME"])
+def test_hluk_installed_off_path_fails_saying_to_add_its_folder_to_path(
+    host: Host,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+) -> None:
+    """The installer puts hluk in ~/.local/bin (or HLUK_INSTALL_DIR), which PATH may not name:
+    installing again would not help."""
+    folder = tmp_path / "bin" if where == "HLUK_INSTALL_DIR" else tmp_path / ".local" / "bin"
+    folder.mkdir(parents=True)
+    (folder / "hluk").write_bytes(Path(os.environ["HLUK_PATH"]).read_bytes())
+    (folder / "hluk").chmod(0o755)
+    monkeypatch.setenv(where, str(tmp_path / "bin" if where == "HLUK_INSTALL_DIR" else tmp_path))
+    monkeypatch.delenv("HLUK_PATH")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    status, found = run_doctor(capsys)
+    assert status == 1 and found["hluk"]["status"] == "fail"
+    assert found["hluk"]["detail"] == (
+        f"hluk is installed at {folder / 'hluk'}, but {folder} is not on PATH"
+    )
+    assert f'export PATH="{folder}:$PATH"' in found["hluk"]["fix"]
+    assert "install.sh" not in found["hluk"]["fix"]
+    # And a case says so too.
+    from verl_hyperlight import run_code
+
+    response, _ = run_code("hyperlight://", "print(1)", "", None, 10, 1024)
+    assert response is not None and f"{folder} is not on PATH" in response["message"]
+
+
+def test_a_misspelled_setting_is_warned_with_the_nearest_one(
+    host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMOUT", "120")
+    monkeypatch.setenv("VERL_HYPERLIGHT_NOTHING_LIKE_IT", "1")
+    _, found = run_doctor(capsys)
+    check = found["settings"]
+    assert check["status"] == "warn"
+    assert (
+        "VERL_HYPERLIGHT_STARTUP_TIMOUT (did you mean VERL_HYPERLIGHT_STARTUP_TIMEOUT?)"
+        in (check["detail"])
+    )
+    assert (
+        "rename VERL_HYPERLIGHT_STARTUP_TIMOUT to VERL_HYPERLIGHT_STARTUP_TIMEOUT" in check["fix"]
+    )
+    assert "unset VERL_HYPERLIGHT_NOTHING_LIKE_IT" in check["fix"]
+
+
+def test_the_stand_in_is_said_once_plainly_and_is_no_wrapper_to_fix(
+    host: Host, verl_09: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As the README's "Try it without KVM" sets it up: HLUK_PATH at the stand-in itself.
+    monkeypatch.setenv("HLUK_PATH", str(STANDIN))
+    monkeypatch.setenv("VERL_HYPERLIGHT_HLUK_ENV", "HLUK_STANDIN_*")
+    assert main(["doctor"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    said = [line for line in lines if "stand-in" in line]
+    assert said == [
+        f"warn  stand-in  {STANDIN} is the test stand-in: weaker isolation, for trying only"
+    ]
+    assert not [line for line in lines if "exec" in line]
 
 
 def test_an_old_hluk_fails_asking_for_0_19(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import io
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -128,6 +129,26 @@ def a_wrapper_that_does_not_exec_hluk(case: Case) -> str:
     return case.said("doctor")
 
 
+def hluk_installed_off_path(case: Case) -> str:
+    folder = case.tmp_path / "installed"
+    folder.mkdir()
+    (folder / "hluk").write_bytes(Path(os.environ["HLUK_PATH"]).read_bytes())
+    (folder / "hluk").chmod(0o755)
+    case.monkeypatch.setenv("HLUK_INSTALL_DIR", str(folder))
+    return no_hluk_anywhere(case)
+
+
+def doctor_on_the_stand_in(case: Case) -> str:
+    case.monkeypatch.setenv("HLUK_PATH", str(STANDIN))
+    case.monkeypatch.setenv("VERL_HYPERLIGHT_HLUK_ENV", "HLUK_STANDIN_*")
+    return case.said("doctor")
+
+
+def a_misspelled_setting(case: Case) -> str:
+    case.monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMOUT", "120")
+    return case.said("doctor")
+
+
 # What you see -> how to make it happen.
 SCENARIOS: dict[str, Callable[[Case], str]] = {
     "hluk was not found on PATH": no_hluk_anywhere,
@@ -150,6 +171,9 @@ SCENARIOS: dict[str, Callable[[Case], str]] = {
     "Input should be a valid dictionary": form_encoded_request,
     "needs pytest on this node": no_pytest,
     "is a script that does not exec hluk": a_wrapper_that_does_not_exec_hluk,
+    "hluk is installed at": hluk_installed_off_path,
+    "is the test stand-in": doctor_on_the_stand_in,
+    "set but no setting of verl-hyperlight": a_misspelled_setting,
 }
 
 

@@ -502,3 +502,36 @@ def test_the_example_exits_1_when_its_cases_could_not_run(tmp_path: Path) -> Non
     assert done.returncode == 1, done.stdout + done.stderr
     assert "hluk was not found at" in done.stdout
     assert "16 cases could not be run" in done.stderr and "verl-hyperlight doctor" in done.stderr
+
+
+def test_verls_own_messages_for_a_plugin_not_loaded_and_a_url_without_scheme() -> None:
+    """docs/troubleshooting.md's "verl's own messages": what verl says when it never reached
+    us, made with verl itself."""
+    page = (Path(__file__).parent.parent / "docs" / "troubleshooting.md").read_text()
+    unwrapped = getattr(sandbox_utils.call_sandbox_api, MARK)  # verl's own, as with no plugin
+    _, error = unwrapped(URL, "print(1)", None, 10, 10, 1024)
+    said = "No connection adapters were found for 'hyperlight://'"
+    assert said in error and f"| `{said}` |" in page
+    _, error = sandbox_utils.call_sandbox_api("hyperlight", "print(1)", None, 10, 10, 1024)
+    assert "No scheme supplied" in error and "| `No scheme supplied` |" in page
+
+
+def test_verls_agent_loop_needs_cachetools_as_the_troubleshooting_page_says() -> None:
+    """verl 0.9.1's agent loop imports cachetools, which its package does not require: with it
+    absent (hidden here, as Python says a module is missing), the loop does not import."""
+    page = (Path(__file__).parent.parent / "docs" / "troubleshooting.md").read_text()
+    said = "No module named 'cachetools'"
+    assert f"| `{said}` |" in page
+    hidden = (
+        "import sys\n"
+        "class Absent:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'cachetools':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Absent())\n"
+        "import verl.experimental.agent_loop.tool_agent_loop\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hidden], capture_output=True, text=True, timeout=PROCESS_TIMEOUT
+    )
+    assert done.returncode == 1 and said in done.stderr, done.stderr

@@ -55,9 +55,31 @@ OUT_OF_PROCESSES = frozenset((errno.EAGAIN, errno.ENOMEM))
 # hluk's: found, started, recent enough; its runs, the spawner that starts it, its warm-ups.
 
 
-def not_on_path() -> BackendError:
-    """No HLUK_PATH, and no hluk on PATH."""
-    return _failed("hluk was not found on PATH", INSTALL_HINT, "hluk-missing")
+# The repository this package is installed from (editable: src/verl_hyperlight/ in it).
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def try_without_kvm() -> str:
+    """How to try verl-hyperlight on a node without KVM or hluk: the checkout's script that
+    points it at the test suite's stand-in ('' when this is no checkout of the repository)."""
+    script = os.path.join(_CHECKOUT, "examples", "try-without-kvm.sh")
+    if not os.path.isfile(script):
+        return ""
+    return f"; to try things without KVM: source {script} (the test stand-in, far weaker isolation)"
+
+
+def not_on_path(installed: str | None = None) -> BackendError:
+    """No HLUK_PATH, and no hluk on PATH; `installed`: where its installer put one, whose
+    folder is not on PATH."""
+    if installed is not None:
+        folder = os.path.dirname(installed)
+        return _failed(
+            f"hluk is installed at {installed}, but {folder} is not on PATH",
+            f'add it to PATH (export PATH="{folder}:$PATH", and in your shell\'s profile), '
+            f"or set HLUK_PATH={installed}",
+            "hluk-missing",
+        )
+    return _failed("hluk was not found on PATH", INSTALL_HINT + try_without_kvm(), "hluk-missing")
 
 
 def cannot_start(path: str, why: str, number: int = 0) -> BackendError:

@@ -235,6 +235,14 @@ HLUK_PATH = Setting(
     _text,
     "The hluk to run; a wrapper script must exec hluk.",
 )
+HLUK_INSTALL_DIR = Setting(
+    "HLUK_INSTALL_DIR",
+    None,
+    "~/.local/bin",
+    _text,
+    "Where hluk's installer put hluk (the installer's own setting): when hluk is not on PATH, "
+    "`doctor` and a case's error look there, and say to add that folder to PATH.",
+)
 HLUK_INITRD = Setting(
     "HLUK_INITRD",
     None,
@@ -320,6 +328,7 @@ ALL: tuple[Setting[Any], ...] = (
     TOKEN,
     POD_NAME,
     HLUK_PATH,
+    HLUK_INSTALL_DIR,
     HLUK_INITRD,
     HLUK_CACHE_DIR,
     HLUK_REGISTRY,
@@ -529,6 +538,33 @@ def compile_cache_dir() -> str:
     if chosen is None:
         return os.path.join(hluk_cache_directory(), "verl-hyperlight")
     return chosen if os.path.isabs(chosen) else os.path.join(os.getcwd(), chosen)
+
+
+def hluk_install_directory() -> str:
+    """Where hluk's installer puts hluk (HLUK_INSTALL_DIR, else ~/.local/bin), made absolute."""
+    chosen = HLUK_INSTALL_DIR.value() or os.path.join(os.path.expanduser("~"), ".local", "bin")
+    return os.path.abspath(chosen)
+
+
+# The prefix of this package's own variables: a name with it that no setting has is a typo.
+OURS = "VERL_HYPERLIGHT_"
+
+
+def unknown_settings() -> dict[str, str | None]:
+    """The variables of the environment named as ours (VERL_HYPERLIGHT_...) that no setting
+    reads, each with the setting its name is nearest to (None when none is near): ignored,
+    so a misspelling would pass unseen."""
+    import difflib
+
+    known = [setting.name for setting in ALL if setting.name.startswith(OURS)]
+    # Matched by what follows the prefix, which every name shares.
+    rests = {name.removeprefix(OURS): name for name in known}
+    found: dict[str, str | None] = {}
+    for name in sorted(os.environ):
+        if name.startswith(OURS) and name not in known:
+            near = difflib.get_close_matches(name.removeprefix(OURS), list(rests), n=1)
+            found[name] = rests[near[0]] if near else None
+    return found
 
 
 def variables(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict[str, str]:

@@ -78,9 +78,14 @@ class Options:
     num_workers: int | None = None
 
 
+# The line the test suite's stand-in for hluk carries (tests/standin/hluk).
+STANDIN_MARK = b"# verl-hyperlight: the test stand-in for hluk"
+
+
 def checks(options: Options) -> Iterator[Check]:
     """Every check, in the order an operator fixes them."""
     yield from _platform()
+    yield _settings()
     resource = _ray_resource(options.url)
     if resource is not None:
         yield from cluster_checks(options, resource)
@@ -164,20 +169,53 @@ def _platform() -> Iterator[Check]:
     yield ok("python", f"Python {version} ({sys.executable})")
 
 
+def _settings() -> Check:
+    """Variables named as ours that no setting reads: ignored, so a misspelling would pass
+    unseen (a deadline never raised, a directory never used)."""
+    unknown = settings.unknown_settings()
+    if not unknown:
+        return ok("settings", f"no {settings.OURS}* variable set here is unknown")
+    detail = ", ".join(
+        name if near is None else f"{name} (did you mean {near}?)" for name, near in unknown.items()
+    )
+    fixes = [f"rename {name} to {near}" for name, near in unknown.items() if near is not None]
+    fixes += [f"unset {name}" for name, near in unknown.items() if near is None]
+    return warn(
+        "settings",
+        f"set but no setting of verl-hyperlight, so ignored: {detail}",
+        "; ".join(fixes) + " (every setting: docs/reference/settings.md)",
+    )
+
+
 def hluk_checks() -> Generator[Check, None, str | None]:
     """hluk: found, executable, exec'd by its wrapper, recent enough. Returns its path, if it
     can run."""
     try:
         path = hluk_path()
-    except BackendError:
-        yield fail("hluk", "not found on PATH, and HLUK_PATH is not set", diagnosis.INSTALL_COMMAND)
+    except BackendError as exc:
+        found = exc.diagnosis
+        if found.what.startswith("hluk is installed at"):  # but its folder is not on PATH
+            yield fail("hluk", found.what, found.fix)
+        else:
+            yield fail(
+                "hluk",
+                "not found on PATH, and HLUK_PATH is not set",
+                diagnosis.INSTALL_COMMAND + diagnosis.try_without_kvm(),
+            )
         return None
     problem = diagnosis.hluk_file_problem(path)
     if problem is not None:
         yield failed("hluk", problem)
         return None
-    wrapper = _wrapper_without_exec(path)
-    if wrapper:
+    head = _head(path)
+    if STANDIN_MARK in head:
+        yield warn(
+            "stand-in",
+            f"{path} is the test stand-in: weaker isolation, for trying only",
+            f"to train, install hluk on a node with KVM ({diagnosis.INSTALL_COMMAND}) and "
+            "unset HLUK_PATH",
+        )
+    elif _wrapper_without_exec(head):
         yield warn(
             "wrapper",
             f"{path} is a script that does not exec hluk: a reward worker that dies would "
@@ -196,12 +234,17 @@ def hluk_checks() -> Generator[Check, None, str | None]:
     return path
 
 
-def _wrapper_without_exec(path: str) -> bool:
+def _head(path: str) -> bytes:
+    """The first 64 KiB of the file at `path` (b"" when it cannot be read)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(64 * 1024)
+            return f.read(64 * 1024)
     except OSError:
-        return False
+        return b""
+
+
+def _wrapper_without_exec(head: bytes) -> bool:
+    """Whether a file that begins with `head` is a script with no exec line."""
     if not head.startswith(b"#!"):
         return False
     lines = head.decode(errors="replace").splitlines()[1:]
@@ -219,7 +262,8 @@ def _kvm() -> Check:
             f"{KVM_DEVICE} does not exist: this node has no KVM (a VM without nested "
             "virtualization, or a container without the device)",
             "run on a node with KVM, or send the cases to nodes that have it: "
-            "hyperlight://?ray (the Ray cluster's KVM nodes) or a `verl-hyperlight serve` there",
+            "hyperlight://?ray (the Ray cluster's KVM nodes) or a `verl-hyperlight serve` there"
+            + diagnosis.try_without_kvm(),
         )
     if not _can_use(KVM_DEVICE):
         group = grp.getgrgid(os.stat(KVM_DEVICE).st_gid).gr_name

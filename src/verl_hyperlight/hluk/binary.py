@@ -14,7 +14,9 @@ from .watch import run
 
 MINIMUM_VERSION = (0, 19, 0)
 VERSION_TIMEOUT_SECONDS = 30.0
-_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?")
+# hluk's own banner (clap's: the program's name, then its version), as the first thing it
+# prints: another program's version (`python3 --version`: "Python 3.11.2") is not hluk's.
+_VERSION = re.compile(r"hluk ((\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?)(?:\s|$)")
 
 
 def hluk_path() -> str:
@@ -24,7 +26,9 @@ def hluk_path() -> str:
         return os.path.abspath(chosen)
     found = shutil.which("hluk")
     if found is None:
-        raise diagnosis.not_on_path()
+        # Installed, but where the installer puts it, which PATH may not name yet.
+        installed = os.path.join(settings.hluk_install_directory(), "hluk")
+        raise diagnosis.not_on_path(installed if os.access(installed, os.X_OK) else None)
     return os.path.abspath(found)
 
 
@@ -48,11 +52,11 @@ def run_to_exit(argv: list[str], timeout: float) -> RawOutcome:
 def parse_version(text: str) -> tuple[tuple[int, ...], str] | None:
     """hluk's version in `text`, as a key that orders it (a pre-release sorts before its
     release, as semantic versioning orders them) and as written."""
-    match = _VERSION.search(text)
+    match = _VERSION.match(text.strip())
     if match is None:
         return None
-    release = tuple(int(part) for part in match.groups()[:3])
-    return (*release, 0 if match.group(4) else 1), match.group(0)
+    release = tuple(int(part) for part in match.groups()[1:4])
+    return (*release, 0 if match.group(5) else 1), match.group(1)
 
 
 def check_version(path: str) -> str:
