@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pty
+import select
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -143,6 +148,54 @@ def test_run_prints_the_response_verl_would_get(
     response = json.loads(capsys.readouterr().out)
     assert response["status"] == "Success"
     assert response["run_result"]["stdout"] == "42\n"
+
+
+RUN = "import sys\nfrom verl_hyperlight.cli import main\nsys.exit(main(sys.argv[1:]))"
+HELLO = Path(__file__).parent.parent / "examples" / "hello.py"
+
+
+def test_run_whose_reader_went_away_ends_quietly(hluk: Path, standin_env: dict[str, str]) -> None:
+    """`verl-hyperlight run ... | head -c 1` ended in a BrokenPipeError traceback: the reader
+    is gone before the answer is written (closed here at once, before the case has run)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", RUN, "run", str(HELLO)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **standin_env},
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    _, err = process.communicate(b"olleh\n", timeout=120)
+    assert (process.returncode, err.decode()) == (141, "")
+
+
+def test_run_reading_a_terminal_says_so_and_how_to_end_the_input(
+    hluk: Path, standin_env: dict[str, str]
+) -> None:
+    """`run` with a terminal as its input waited silently for an input the user did not know
+    it wanted."""
+    terminal, side = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-c", RUN, "run", str(HELLO)],
+        stdin=side,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **standin_env},
+    )
+    os.close(side)
+    assert process.stderr is not None
+    # Said before the input is read: a silent wait is a failure here, not a hang.
+    if not select.select([process.stderr], [], [], 60)[0]:
+        process.kill()
+        raise AssertionError("run waited on the terminal without a word")
+    said = process.stderr.readline().decode()
+    assert "reading the solution's input from the terminal" in said and "Ctrl-D" in said
+    os.write(terminal, b"olleh\n\x04")  # a line, then the end of input, as typed
+    out, _ = process.communicate(timeout=120)
+    os.close(terminal)
+    assert process.returncode == 0
+    assert json.loads(out)["run_result"]["stdout"] == "hello\n"
 
 
 def test_run_compiles_cpp_and_rust_by_their_suffix_or_language(

@@ -380,7 +380,9 @@ def test_a_worker_that_reaches_no_cluster_is_told_how_to_reach_one(tmp_path: Pat
     assert said.stdout.startswith("SandboxError the sandbox URL asks for Ray (?ray) and no Ray"), (
         said
     )
-    assert "set RAY_ADDRESS" in said.stdout and "ray start --head" in said.stdout
+    assert "set RAY_ADDRESS" in said.stdout
+    # Not a bare `ray start --head`, which offers no resource, so cases would wait 60 s on it.
+    assert """`ray start --head --resources='{"hyperlight": N}'`""" in said.stdout
 
 
 GOOD = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"

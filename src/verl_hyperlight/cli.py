@@ -324,8 +324,25 @@ def _how(warmth: Warmth | None) -> str:
     return f" (pulled and snapshotted in {warmth.seconds:.1f} s)"
 
 
+# What a command exits with when the reader of its output went away (`| head`), as a shell
+# says a command that SIGPIPE ended.
+BROKEN_PIPE_STATUS = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe prints a traceback
+    except BrokenPipeError:
+        # `verl-hyperlight run ... | head -c 1`: the reader has what it wanted; end quietly, as a
+        # Unix tool does, with nothing more written to the closed pipe at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE_STATUS
+    return status
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is not None:
@@ -360,6 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         try:
             code = _text(args.solution.read(), args.solution.name)
+            if sys.stdin.isatty():
+                print(
+                    "verl-hyperlight: reading the solution's input from the terminal: type it, "
+                    "then Ctrl-D (or give it a file: < input.txt)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             stdin = _text(sys.stdin.buffer.read(), "standard input")
         except ValueError as exc:
             print(f"verl-hyperlight: {exc}", file=sys.stderr)

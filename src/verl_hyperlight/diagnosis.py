@@ -526,12 +526,17 @@ def ray_missing(why: str) -> BackendError:
     )
 
 
-def ray_unreachable(why: str) -> BackendError:
-    """Ray not initialised in this process, and no cluster to connect to."""
+def ray_unreachable(why: str, resource: str | None) -> BackendError:
+    """Ray not initialised in this process, and no cluster to connect to (for cases that need
+    `resource`, when known)."""
+    offered = resource or "RESOURCE"
     return _failed(
         f"the sandbox URL asks for Ray (?ray) and no Ray cluster can be reached ({why})",
         "run the reward workers inside the cluster (verl initialises Ray in them), set "
-        "RAY_ADDRESS to the cluster's address, or start one with `ray start --head`",
+        "RAY_ADDRESS to the cluster's address, or start one on a node with /dev/kvm and hluk "
+        f"that offers {offered!r}: `ray start --head --resources='{{\"{offered}\": N}}'`, N "
+        f"being the micro-VMs it runs at once (a bare `ray start --head` offers no {offered!r}: "
+        "cases would wait for a node that does)",
         "ray-unreachable",
     )
 

@@ -100,8 +100,9 @@ class _Connection:
         self._seen: dict[str, tuple[float, bool]] = {}  # resource: (checked at, offered)
         self._awaited = CauseCounts()  # resources cases waited for a node of: said once each
 
-    def ray(self) -> Any:
-        """Ray, imported and connected; BackendError when it cannot be."""
+    def ray(self, resource: str | None = None) -> Any:
+        """Ray, imported and connected; BackendError when it cannot be (said for cases that
+        need `resource`, when the caller has one)."""
         if self._ray is not None:
             return self._ray
         with self._lock:
@@ -118,7 +119,7 @@ class _Connection:
                         _answers(address)
                         ray.init(address=address)
                     except (ConnectionError, RuntimeError, ValueError, OSError) as exc:
-                        raise diagnosis.ray_unreachable(f"{address}: {exc}") from None
+                        raise diagnosis.ray_unreachable(f"{address}: {exc}", resource) from None
                 self._ray = ray
         return self._ray
 
@@ -128,7 +129,7 @@ class _Connection:
         task = self._remote.get(key)
         if task is None:
             task = self._remote[key] = (
-                self.ray()
+                self.ray(resource)
                 .remote(function)
                 .options(**_placement(resource), max_retries=0, name="verl-hyperlight case")
             )
@@ -153,7 +154,7 @@ class _Connection:
 
     def units(self, resource: str) -> float:
         """How many units of `resource` the alive nodes offer in all, now."""
-        return float(self.ray().cluster_resources().get(resource, 0))
+        return float(self.ray(resource).cluster_resources().get(resource, 0))
 
     def wait(
         self,
@@ -169,7 +170,7 @@ class _Connection:
         VERL_HYPERLIGHT_RAY_WAIT (BackendError), or on any other way out, `stop` is called
         first. With `placed_within`, it must also come within that many seconds while nodes
         offer the resource (an actor waiting for a unit others hold: BackendError)."""
-        ray = self.ray()
+        ray = self.ray(resource)
         limit = settings.RAY_WAIT.value()
         began = time.monotonic()
         unoffered_since: float | None = None
@@ -237,7 +238,7 @@ def run(
     """``function(*arguments, **options)`` as a task on a node that offers `resource`;
     BackendError when none does or Ray fails it, Refused with `cancelled` when the caller
     cancelled it."""
-    ray = _connection.ray()
+    ray = _connection.ray(resource)
     reference = _connection.task(function, resource).remote(*arguments, **options)
     # Killed where it runs (its worker process, and with it the micro-VM's hluk), or taken
     # off the queue.
@@ -256,7 +257,7 @@ def nodes_offering(resource: str) -> list[Node]:
     cannot be reached."""
     return [
         Node(node["NodeID"], node["NodeManagerAddress"], node["Resources"][resource])
-        for node in _connection.ray().nodes()
+        for node in _connection.ray(resource).nodes()
         if node["Alive"] and node["Resources"].get(resource, 0) > 0
     ]
 
@@ -271,7 +272,7 @@ def run_on_each(
     """``function(*arguments)`` on each of `nodes` (a task pinned there, holding a unit of
     `resource`), all at once; each node with its answer, in order, or with the exception that
     stood for it (its node died, it ran past `timeout`, Ray failed it)."""
-    ray = _connection.ray()
+    ray = _connection.ray(resource)
     task = ray.remote(function)
     pending = [
         (node, task.options(**_placement(resource, node.node_id), max_retries=0).remote(*arguments))
