@@ -26,7 +26,15 @@ from typing import Any
 
 import httpx
 import pytest
-from hostside import KVM_FAILURE, Host, descendants_of, fail_with, processes_with, wait_for
+from hostside import (
+    KVM_FAILURE,
+    Host,
+    descendants_of,
+    fail_with,
+    option,
+    processes_with,
+    wait_for,
+)
 from serving import Served
 
 from verl_hyperlight.settings import BODY_READ_TIMEOUT
@@ -89,6 +97,24 @@ def test_a_run_is_answered_with_the_services_response(serve: Serve) -> None:
         "executor_pod_name": None,
         "files": {},
     }
+
+
+def test_a_request_without_a_memory_key_runs_in_the_guest_warmed_before_ready(
+    serve: Serve, host: Host
+) -> None:
+    """The README's request has no memory key: it ran in the image's 256 MiB guest, cold
+    (serve had warmed the 1024 MiB one), where a 200 MB allocation is killed that Sandbox
+    Fusion (no limit by default) runs."""
+    served = serve()
+    # The guest of --memory-limit-mb's default, 1024 (a micro-VM of more: the runner's share).
+    [warmed] = [option(argv, "--scratch-mb") for argv in host.warm_ups()]
+    assert warmed is not None and int(warmed) >= 1024
+    code = "x = bytearray(200 * 1024 * 1024)\nprint(len(x))"
+    for request in (body(code), body(code, memory_limit_MB=-1), body(code, memory_limit_MB=0)):
+        reply = served.post(request).json()
+        assert (reply["status"], reply["run_result"]["stdout"]) == ("Success", "209715200\n")
+    assert [option(argv, "--scratch-mb") for argv in host.case_runs()] == [warmed] * 3
+    assert len(host.warm_ups()) == 1  # nothing more to warm: the guest was the warmed one
 
 
 def test_files_are_written_before_the_start_and_fetch_files_come_back(serve: Serve) -> None:
@@ -947,7 +973,7 @@ def test_requests_past_the_servers_caps_are_sandbox_errors_naming_the_option(
     runs = len(host.case_runs())
     huge = served.post(body("print(1)", memory_limit_MB=10_000_000))
     day = served.post(body("print(1)", run_timeout=86_400))
-    for reply, cap, option in (
+    for reply, cap, flag in (
         (huge, "2048 MiB", "--max-memory-mb"),
         (day, "60 s", "--max-run-timeout"),
     ):
@@ -955,7 +981,7 @@ def test_requests_past_the_servers_caps_are_sandbox_errors_naming_the_option(
         # it cannot make.
         assert reply.status_code == 200
         assert (reply.json()["status"], reply.json()["run_result"]) == ("SandboxError", None)
-        assert f"cap of {cap} (verl-hyperlight serve {option})" in reply.json()["message"]
+        assert f"cap of {cap} (verl-hyperlight serve {flag})" in reply.json()["message"]
     assert len(host.case_runs()) == runs  # neither reached hluk
     assert served.post(body("print(1)", run_timeout=60)).json()["status"] == "Success"
 

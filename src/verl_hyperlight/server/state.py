@@ -368,7 +368,11 @@ class Server:
             request.stdin,
             request.compile_timeout,
             request.run_timeout,
-            None if request.memory_limit_MB <= 0 else request.memory_limit_MB,
+            # No memory key (SF's -1, "no limit"): the guest this server warmed before it
+            # said ready, not the image's smaller default, which would pay a cold start.
+            self.settings.warm_up_memory_mb
+            if request.memory_limit_MB <= 0
+            else request.memory_limit_MB,
             request.language,
             files=request.files,
             fetch_files=request.fetch_files,
