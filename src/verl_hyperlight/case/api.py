@@ -21,7 +21,7 @@ from ..guest import protocol
 from ..hluk import watch
 from ..hluk.binary import hluk_path
 from ..outcome import RawOutcome
-from . import casedir, cluster, compiled, failures, gate, pytest_library, ready
+from . import casedir, cluster, compiled, failures, gate, packages, pytest_library, ready
 from .guests import CASE_MOUNT, Guest, guest_for, workload_code
 from .response import (
     CASE_CANCELLED,
@@ -356,7 +356,9 @@ def answer(
         return _compiled_case(case, language, to_compile, cancel)
     if timeout <= 0:
         return time_limit_exceeded()  # as the service answers it, at once
-    return _run_case(hluk_path(), case, cancel)
+    response = _run_case(hluk_path(), case, cancel)
+    packages.note(response, case.guest.image)
+    return response
 
 
 def _compiled_case(
