@@ -576,3 +576,89 @@ def test_the_sites_search_finds_a_setting(site: str, browser: Any, tmp_path: Pat
         page.screenshot(path=str(screenshots(tmp_path) / "search.png"))
     finally:
         page.close()
+
+
+def site_paths() -> list[str]:
+    """Every page of the site, as its URL path (mkdocs' directory URLs)."""
+    paths = []
+    for page in sorted(DOCS.rglob("*.md")):
+        relative = page.relative_to(DOCS).with_suffix("")
+        paths.append("" if relative.name == "index" else f"{relative.as_posix()}/")
+    return paths
+
+
+def test_no_code_block_of_the_site_scrolls_sideways_at_1280_px(site: str, browser: Any) -> None:
+    """A newcomer found code blocks clipped at 1280 px (the installer's URL, the run_code call):
+    every block of every page fits or wraps, so nothing of a command hides past the edge."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    clipped: list[str] = []
+    try:
+        for path in site_paths():
+            page.goto(site + path, wait_until="networkidle")
+            widths = page.eval_on_selector_all(
+                ".md-content pre > code",
+                "blocks => blocks.map(b => [b.scrollWidth, b.clientWidth, b.innerText])",
+            )
+            assert widths or path not in ("", "serve/"), path  # pages with blocks seen
+            clipped += [
+                f"{path}: {text.splitlines()[0][:60]!r} ({scroll} > {client} px)"
+                for scroll, client, text in widths
+                if scroll > client + 1
+            ]
+    finally:
+        page.close()
+    assert clipped == []
+
+
+def sections(page: Path) -> list[tuple[str, int]]:
+    """Each section of `page` (its text under a heading, down to the next of any level), with
+    its words of prose (code blocks left out)."""
+    text = re.sub(r"^```.*?^```$", "", page.read_text(), flags=re.MULTILINE | re.DOTALL)
+    parts = re.split(r"^(#{1,4} .*)$", text, flags=re.MULTILINE)
+    found = [("(before any heading)", len(parts[0].split()))]
+    found += [(parts[i], len(parts[i + 1].split())) for i in range(1, len(parts), 2)]
+    return found
+
+
+def test_every_section_of_a_page_is_short_enough_to_skim() -> None:
+    """A newcomer found serve.md, agent-tools.md and operations.md running 1,300-2,300 words
+    under one heading: each section is under ~800 words, so a page's table of contents finds
+    the task."""
+    long = [
+        f"{page.relative_to(ROOT)} {heading!r}: {words} words"
+        for page in [README, *sorted(DOCS.rglob("*.md"))]
+        for heading, words in sections(page)
+        if words > 800
+    ]
+    assert long == []
+
+
+# What reads as a reference to another part of a page ("see above") without being a link.
+# ("see How it works": a page named, not linked).
+VAGUE = re.compile(
+    r"\b(?:see|the \w+) (?:above|below)\b|\((?:above|below)\)|\bsee (?-i:[A-Z])[\w-]*(?: [a-z]+)*",
+    re.IGNORECASE,
+)
+
+
+def test_every_cross_reference_is_a_link_or_a_path_that_exists() -> None:
+    """ "see above" on agent-tools.md, "the rule above" on operations.md, "see README" in
+    examples/code_tool.yaml, docs/hluk.md (which is no file of this repository) in the
+    stand-in: each names where it points, and what it names exists."""
+    vague = []
+    for page in [README, *sorted(DOCS.rglob("*.md"))]:
+        text = re.sub(r"\[[^\]]*\]\([^)]*\)", "", page.read_text())  # links point somewhere
+        text = re.sub(r"^```.*?^```$", "", text, flags=re.MULTILINE | re.DOTALL)
+        vague += [f"{page.relative_to(ROOT)}: {m[0]!r}" for m in VAGUE.finditer(text)]
+    assert vague == []
+    files = [
+        *sorted((ROOT / "examples").iterdir()),
+        *sorted((ROOT / "tests" / "standin").iterdir()),
+    ]
+    for path in files:
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        assert "see README" not in text, path
+        for named in re.findall(r"\b((?:docs|examples|tests)/[\w./-]+\.(?:md|py|yaml|sh))", text):
+            assert (ROOT / named).exists(), f"{path.relative_to(ROOT)} names {named}"

@@ -2,7 +2,8 @@
 
 The stand-in hluk runs this file's text with ``python -s -X utf8 -c`` inside bubblewrap,
 with only PATH (and, for a warm run, the snapshot's PYTHONHASHSEED) in its environment. It
-reproduces the driver's contract from docs/hluk.md and nothing kinder: the code runs in the
+reproduces the driver's contract (hyperlight-unikraft's drivers/python/hl_pydriver.c and
+drivers/hl_py.h) and nothing kinder: the code runs in the
 globals of ``__main__`` with no ``__file__``, ``sys.argv`` is the driver's name, threads are not
 joined and atexit handlers do not run when the code returns, a failed call says
 ``hl_driver: dispatch callback failed`` on the console, and the status is reported through a
