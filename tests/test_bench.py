@@ -4,6 +4,7 @@ rule, and progress shown on a terminal only (warm-up's too)."""
 from __future__ import annotations
 
 import fcntl
+import http.server
 import json
 import os
 import pty
@@ -11,12 +12,18 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hostside import KVM_FAILURE, Host, fail_with
+from serving import Served
 
+from verl_hyperlight import run_code
 from verl_hyperlight.cli import main
+from verl_hyperlight.commands import against
 from verl_hyperlight.commands.bench import Level, recommend
 
 pytestmark = pytest.mark.once
@@ -139,3 +146,87 @@ def test_bench_and_doctor_share_one_sizing_rule(
     assert main(["doctor", "--max-concurrent", "1", "--num-workers", "2", "--json"]) in (0, 1)
     checks = {check["name"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
     assert checks["sizing"]["status"] == "ok"
+
+
+# --- bench --against: the same cases through this node and through another service --------
+
+
+def test_bench_against_a_serve_of_this_node_agrees_on_every_answer(
+    host: Host, serve: Callable[..., Served], capsys: pytest.CaptureFixture[str]
+) -> None:
+    served = serve()
+    args = ["--concurrency", "2", "--seconds", "0.1", "--json"]
+    assert main(["bench", "--against", served.run_code_url, *args]) == 0
+    report = json.loads(capsys.readouterr().out)
+    chosen = against.cases()
+    assert report["cases"] == len(chosen) > 20
+    assert [found["concurrency"] for found in report["levels"]] == [2]
+    for found in report["levels"]:
+        for side in ("ours", "theirs"):
+            # Every case at least once on each side (a chunk holds each), none failed.
+            assert found[side]["cases"] >= len(chosen) and found[side]["failed"] == 0
+            assert 0 < found[side]["p50_ms"] <= found[side]["p90_ms"]
+    assert report["theirs"] == served.run_code_url and report["disagreements"] == []
+
+
+class FakeSandboxFusion(http.server.BaseHTTPRequestHandler):
+    """A Sandbox Fusion of the test's own: it answers /run_code with this process's run_code
+    (as the service answers), 5 ms later, and gets one case wrong: `print(1)` prints 2."""
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(0.005)
+        response, _ = run_code(
+            "hyperlight://",
+            body["code"],
+            body["stdin"],
+            body["compile_timeout"],
+            body["run_timeout"],
+            None if body["memory_limit_MB"] <= 0 else body["memory_limit_MB"],
+        )
+        assert response is not None
+        if body["code"] == "print(1)":
+            response["run_result"]["stdout"] = "2\n"
+        answer = json.dumps(response).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_bench_against_a_sandbox_fusion_prints_both_sides_their_ratio_and_a_disagreement(
+    host: Host, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bench's own cases and two of the corpus (all of it: the test above).
+    chosen = against.cases()[:5]
+    monkeypatch.setattr(against, "cases", lambda: chosen)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeSandboxFusion)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/run_code"
+    try:
+        status = main(["bench", "--against", url, "--concurrency", "1", "--seconds", "0.5"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    out = capsys.readouterr().out
+    assert status == 1  # an answer disagreed
+    lines = out.splitlines()
+    assert lines[0].startswith("the same 5 cases through this node")
+    [ours] = [line for line in lines if "this node (hyperlight://)" in line]
+    [theirs] = [line for line in lines if line.split()[1:2] == [url]]
+    [ratio] = [line for line in lines if "theirs / ours" in line]
+    assert ours.split()[0] == theirs.split()[0] == ratio.split()[0] == "1"
+    assert all(word.startswith("x") for word in ratio.split()[-3:])
+    assert "answers: 1 of" in out and "cases disagree" in out
+    assert "trivial: ours ('Success', 'Finished', 0, '1\\n')" in out
+    assert "theirs ('Success', 'Finished', 0, '2\\n')" in out
+
+
+def test_bench_against_refuses_a_url_that_is_not_http(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--against", "hyperlight://"]) == 2
+    assert "--against hyperlight://: an http(s) URL" in capsys.readouterr().err

@@ -152,6 +152,15 @@ def _add_bench(commands: _Commands) -> None:
         "--num-workers", type=_positive_int, default=8, help="verl's reward.num_workers (8)"
     )
     bench.add_argument("--memory-limit-mb", type=_memory_limit, default=1024)
+    bench.add_argument(
+        "--against",
+        metavar="URL",
+        help="compare with a Sandbox Fusion service (or another serve) at URL, its /run_code: "
+        "the same cases (trivial, CPU-bound for 20 ms, a 100 KB stdin, the quick conformance "
+        "programs) through both, alternated in chunks, at concurrency 1 and this node's CPUs "
+        "(or --concurrency): cases/s, p50 and p90 and their ratio, and every answer that "
+        "disagrees; exits 1 when one does",
+    )
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -528,12 +537,20 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     cpus = node.cpus()
     levels = args.concurrency or [2**i for i in range(8) if 2**i <= 2 * cpus]
+    if args.against is not None and not is_http(args.against):
+        print(
+            f"verl-hyperlight: --against {args.against}: an http(s) URL, its /run_code",
+            file=sys.stderr,
+        )
+        return 2
     try:
         with progress(f"warming up {args.url}", None):
             bench.check(args.url, args.memory_limit_mb)
     except (InvalidRequest, BackendError) as exc:
         print(f"verl-hyperlight: {exc}", file=sys.stderr)
         return 1
+    if args.against is not None:
+        return _bench_against(args, args.concurrency or sorted({1, cpus}))
     measured = []
     for level in levels:
         with progress(f"concurrency {level}", args.seconds) as tick:
@@ -546,6 +563,20 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         print(bench.render(cpus, args.seconds, measured, advice, args.num_workers))
     return 0
+
+
+def _bench_against(args: argparse.Namespace, levels: list[int]) -> int:
+    from .commands import against
+
+    with progress(f"comparing with {args.against}", None) as tick:
+        found = against.compare(
+            args.url, args.against, args.memory_limit_mb, levels, args.seconds, tick
+        )
+    if args.json:
+        print(json.dumps(against.as_json(found), indent=2))
+    else:
+        print(against.render(found))
+    return 1 if found.disagreements else 0
 
 
 def _doctor(args: argparse.Namespace) -> int:
