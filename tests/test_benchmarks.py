@@ -74,3 +74,27 @@ def test_bench_tool_compares_ready_guests_on_and_off_at_each_concurrency(host: H
     rows = ready_tables("bench_tool.py", "--calls", "8")
     assert [row[0] for row in rows] == ["c=1", "c=8", "c=64"]
     assert all(len(row) == 6 and float(row[-1]) > 0 for row in rows), rows
+
+
+def test_bench_versions_measures_both_checkouts_with_ready_guests_on_and_off(
+    tmp_path: Path,
+) -> None:
+    """bench_versions.py against a baseline that is this checkout too (a worktree's src works
+    alike): a row per setting with both figures and their ratio (its figures are not judged)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH.parent / "bench_versions.py"),
+            *("--baseline", str(BENCH.parent.parent / "src"), "--cases", "20", "--rounds", "1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split()[-3:] for line in done.stdout.splitlines()[3:]}
+    assert set(rows) == {"on", "off"}, done.stdout
+    for now, base, ratio in rows.values():
+        assert float(now) > 0 and float(base) > 0
+        assert float(ratio) == pytest.approx(float(now) / float(base), abs=0.01)
