@@ -193,6 +193,15 @@ def causes_diagnosis_gives() -> set[str]:
     """The cause of each Diagnosis diagnosis.py makes (its third argument, or `cause=`, also
     through `_failed`): a constant, or a pattern with `*` for each value an f-string puts in."""
     tree = ast.parse(Path(diagnosis.__file__).read_text())
+    # The module's named causes (HLUK_OFF_PATH = "hluk-off-path"), which doctor compares with.
+    named = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    }
     causes = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
@@ -201,6 +210,9 @@ def causes_diagnosis_gives() -> set[str]:
         ):
             given = {keyword.arg: keyword.value for keyword in node.keywords}
             cause = node.args[2] if len(node.args) > 2 else given["cause"]
+            if isinstance(cause, ast.Name) and cause.id in named:
+                causes.add(named[cause.id])
+                continue
             if isinstance(cause, ast.Name):  # _failed's own call of Diagnosis
                 continue
             if isinstance(cause, ast.Constant):

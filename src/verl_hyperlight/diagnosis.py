@@ -68,6 +68,10 @@ def try_without_kvm() -> str:
     return f"; to try things without KVM: source {script} (the test stand-in, far weaker isolation)"
 
 
+# The cause of a hluk installed where its installer puts it, in a folder PATH does not name.
+HLUK_OFF_PATH = "hluk-off-path"
+
+
 def not_on_path(installed: str | None = None) -> BackendError:
     """No HLUK_PATH, and no hluk on PATH; `installed`: where its installer put one, whose
     folder is not on PATH."""
@@ -77,7 +81,7 @@ def not_on_path(installed: str | None = None) -> BackendError:
             f"hluk is installed at {installed}, but {folder} is not on PATH",
             f'add it to PATH (export PATH="{folder}:$PATH", and in your shell\'s profile), '
             f"or set HLUK_PATH={installed}",
-            "hluk-missing",
+            HLUK_OFF_PATH,
         )
     return _failed("hluk was not found on PATH", INSTALL_HINT + try_without_kvm(), "hluk-missing")
 

@@ -193,9 +193,8 @@ def hluk_checks() -> Generator[Check, None, str | None]:
     try:
         path = hluk_path()
     except BackendError as exc:
-        found = exc.diagnosis
-        if found.what.startswith("hluk is installed at"):  # but its folder is not on PATH
-            yield fail("hluk", found.what, found.fix)
+        if exc.diagnosis.cause == diagnosis.HLUK_OFF_PATH:  # installed, its folder not on PATH
+            yield failed("hluk", exc.diagnosis)
         else:
             yield fail(
                 "hluk",
