@@ -197,15 +197,7 @@ def _compile(
     started = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         try:
-            process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env={},
-                close_fds=True,
-                start_new_session=True,
-            )
+            process = _start_sandboxed(argv, out, err)
         except OSError as exc:
             raise diagnosis.compile_sandbox_failed(bwrap, str(exc)) from None
         status = _wait(process, started + timeout, cancel)
@@ -230,6 +222,20 @@ def _compile(
             result["return_code"] = 1
             result["stderr"] += f"\nverl-hyperlight: the compiler left no program ({exc})\n"
     return Build(result, built)
+
+
+def _start_sandboxed(argv: list[str], stdout: Any, stderr: Any) -> subprocess.Popen[bytes]:
+    """Start a sandboxed compile (bubblewrap's `argv`): no input, nothing of this process's
+    environment, a session of its own, which `_kill` kills whole."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        env={},
+        close_fds=True,
+        start_new_session=True,
+    )
 
 
 def _wait(
@@ -512,15 +518,7 @@ def _build_go_cache(go: _Go, directory: str, cancel: threading.Event | None) -> 
         argv[argv.index("--bind") : argv.index("--bind")] = ["--bind", directory, "/gocache"]
         err_path = os.path.join(scratch, ".stderr")
         with open(err_path, "wb") as err:
-            process = subprocess.Popen(
-                [*argv, *toolchain.argv],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                env={},
-                close_fds=True,
-                start_new_session=True,
-            )
+            process = _start_sandboxed([*argv, *toolchain.argv], subprocess.DEVNULL, err)
             status = _wait(process, time.monotonic() + GO_CACHE_WARM_SECONDS, cancel)
         if status is None:
             raise OSError(f"the warm-up build took more than {GO_CACHE_WARM_SECONDS:.0f} s")

@@ -59,24 +59,23 @@ def note(response: dict[str, Any], image: Image) -> None:
     if found is None:
         return
     package = found[1].split(".")[0]
-    elsewhere = image is not AGENT and package in AGENT_PACKAGES
-    in_sandbox_fusion = package in SANDBOX_FUSION_PACKAGES
-    if not (elsewhere or in_sandbox_fusion):
-        return
-    if missing.first(package):
-        logger.warning("verl-hyperlight: %s", said(package, image))
+    where = _where(package, image)
+    if where and missing.first(package):
+        logger.warning(
+            "verl-hyperlight: a solution failed importing %s, which %s lacks: %s (its answer is "
+            "unchanged: a runtime error; said once per package, and counted: see the known "
+            "limits)",
+            package,
+            image.label,
+            "; ".join(where),
+        )
 
 
-def said(package: str, image: Image) -> str:
-    """What is said of the first solution that imported `package`, which `image` lacks."""
+def _where(package: str, image: Image) -> list[str]:
+    """Where `package`, which `image` lacks, is: another image here, Sandbox Fusion."""
     where = []
     if image is not AGENT and package in AGENT_PACKAGES:
         where.append("the agent image has it (hyperlight://agent, memory_limit_mb 1536 or more)")
     if package in SANDBOX_FUSION_PACKAGES:
         where.append("Sandbox Fusion's python runtime has it, so such a solution scores there")
-    return (
-        f"a solution failed importing {package}, which {image.label} lacks: "
-        + "; ".join(where)
-        + " (its answer is unchanged: a runtime error; said once per package, and counted: "
-        "see the known limits)"
-    )
+    return where
