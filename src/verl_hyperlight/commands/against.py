@@ -14,11 +14,13 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..case.api import run_code
 from . import remote
+from .bench import percentile_ms
 from .conformance import corpus
 
 RUN_TIMEOUT = 10.0
@@ -76,19 +78,13 @@ class Side:
     def per_second(self) -> float:
         return self.cases / self.seconds if self.seconds else 0.0
 
-    def percentile(self, share: float) -> float:
-        if not self.latencies:
-            return 0.0
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(len(ordered) * share))] * 1000
-
     def summary(self) -> dict[str, Any]:
         return {
             "side": self.name,
             "cases": self.cases,
             "per_second": round(self.per_second, 2),
             "p50_ms": round(statistics.median(self.latencies) * 1000, 2) if self.latencies else 0,
-            "p90_ms": round(self.percentile(0.9), 2),
+            "p90_ms": round(percentile_ms(self.latencies, 0.9), 2) if self.latencies else 0,
             "failed": self.failed,
         }
 
@@ -132,34 +128,24 @@ def _chunk(
 ) -> dict[str, tuple[Any, ...]]:
     """Every case once through `ask`, `concurrency` at a time; each case's answer."""
     lock = threading.Lock()
-    pending = list(range(len(chosen)))
-    answers: dict[str, tuple[Any, ...]] = {}
 
-    def worker() -> None:
-        while True:
-            with lock:
-                if not pending:
-                    return
-                index = pending.pop(0)
-            name, code, stdin = chosen[index]
-            started = time.monotonic()
-            response = ask(code, stdin)
-            latency = time.monotonic() - started
-            with lock:
-                answers[name] = answer_of(response)
-                if response is None:
-                    side.failed += 1
-                else:
-                    side.latencies.append(latency)
-                    side.cases += 1
-            tick()
+    def one(case: tuple[str, str, str]) -> tuple[str, tuple[Any, ...]]:
+        name, code, stdin = case
+        started = time.monotonic()
+        response = ask(code, stdin)
+        latency = time.monotonic() - started
+        with lock:
+            if response is None:
+                side.failed += 1
+            else:
+                side.latencies.append(latency)
+                side.cases += 1
+        tick()
+        return name, answer_of(response)
 
     started = time.monotonic()
-    threads = [threading.Thread(target=worker) for _ in range(min(concurrency, len(chosen)))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(min(concurrency, len(chosen))) as pool:
+        answers = dict(pool.map(one, chosen))
     side.seconds += time.monotonic() - started
     return answers
 

@@ -104,16 +104,21 @@ def measure(
     elapsed = time.monotonic() - started
     if not latencies:
         return Level(concurrency, 0, 0.0, 0.0, 0.0, 0.0, failed[0])
-    ordered = sorted(latencies)
     return Level(
         concurrency=concurrency,
         cases=len(latencies),
         per_second=len(latencies) / elapsed,
-        p50_ms=statistics.median(ordered) * 1000,
-        p99_ms=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
+        p50_ms=statistics.median(latencies) * 1000,
+        p99_ms=percentile_ms(latencies, 0.99),
         startup_share=statistics.fmean(startup),
         failed=failed[0],
     )
+
+
+def percentile_ms(latencies: list[float], share: float) -> float:
+    """The latency (in seconds) below which `share` of `latencies` fall, in milliseconds."""
+    ordered = sorted(latencies)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * share))] * 1000
 
 
 def recommend(levels: list[Level], num_workers: int) -> Recommendation:
