@@ -197,8 +197,9 @@ def case_argv(case_dir: Path) -> tuple[list[str], str]:
     (case_dir / "solution.py").write_text(SOLUTION)
     (case_dir / "stdin").write_text(STDIN)
     nonce = secrets.token_hex(16)
-    argv = [hluk_path(), "run", *guest_for(URL, MEMORY_MB).args()]
-    argv += ["--mount", f"{case_dir}:/case:ro", "--exec", workload_code("/case", nonce)]
+    guest = guest_for(URL, MEMORY_MB)
+    argv = [hluk_path(), "run", *guest.args()]
+    argv += ["--mount", f"{case_dir}:/case:ro", "--exec", workload_code(guest, "/case", nonce)]
     return argv, nonce
 
 

@@ -683,10 +683,10 @@ def test_selftests_case_of_each_language_passes_and_a_missing_toolchain_is_a_war
     compiles: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     for language in compiled.LANGUAGES:
-        check = selftest.compiled_check("hyperlight://", language)
+        check = selftest.language_check("hyperlight://", language)
         assert (check.name, check.status) == (f"{language} case", "ok"), check
     monkeypatch.setenv("PATH", str(tmp_path))
-    check = selftest.compiled_check("hyperlight://", "cpp")
+    check = selftest.language_check("hyperlight://", "cpp")
     assert check.status == "warn" and "apt-get install g++" in check.detail, check
 
 

@@ -56,7 +56,15 @@ def test_a_healthy_node_passes_every_check_and_prints_one_line_each(
         "case",
     ]
     compilers = ["cpp", "go", "rust"]
-    assert [line.split()[1] for line in lines] == [*names, "pytest", *compilers, "spawn", "verl"]
+    images = ["nodejs"]
+    assert [line.split()[1] for line in lines] == [
+        *names,
+        "pytest",
+        *compilers,
+        *images,
+        "spawn",
+        "verl",
+    ]
     assert all(line.startswith("ok ") for line in lines), lines
     assert "print(1+1) answered 2" in "\n".join(lines)
     assert "set reward.sandbox_fusion.url=hyperlight://" in lines[-1]
@@ -429,3 +437,17 @@ def test_doctor_says_whether_the_pytest_extra_is_installed(
         "verl-hyperlight runs in"
     )
     assert found["pytest"]["fix"] == fix
+
+
+def test_the_nodejs_image_is_said_with_its_warm_up_until_pulled(
+    host: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, found = run_doctor(capsys, "hyperlight://")
+    assert found["nodejs image"]["status"] == "ok"
+    detail = found["nodejs image"]["detail"]
+    assert "the node image, not pulled yet" in detail
+    assert "verl-hyperlight warm-up --language nodejs takes them ahead" in detail
+    assert main(["warm-up", "--language", "nodejs"]) == 0
+    capsys.readouterr()
+    _, found = run_doctor(capsys, "hyperlight://")
+    assert "in hluk's cache at" in found["nodejs image"]["detail"], found["nodejs image"]

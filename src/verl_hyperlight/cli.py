@@ -14,7 +14,7 @@ from typing import TypeAlias
 from . import __version__, diagnosis, node, settings
 from .case import cluster, compiled
 from .case.api import RUNS, run_code, warm_up
-from .case.guests import Guest, guest_for
+from .case.guests import LANGUAGE_IMAGES, Guest, guest_for
 from .case.url import is_http, parse_url
 from .case.warmup import Warmth
 from .commands.progress import progress
@@ -87,13 +87,20 @@ def _add_warm_up(commands: _Commands) -> None:
         default=1024,
         help="verl's memory_limit_mb (default 1024)",
     )
+    warm.add_argument(
+        "--language",
+        choices=("python", *LANGUAGE_IMAGES),
+        default="python",
+        help="warm the image of this language's cases (default python: the URL's image)",
+    )
 
 
 def _add_run(commands: _Commands) -> None:
     run = commands.add_parser(
         "run",
         help="run one solution file on stdin and print the Sandbox Fusion response",
-        description="Run SOLUTION (a Python file, or C++, Go or Rust source: see --language) "
+        description="Run SOLUTION (a Python file, or C++, Go, Rust or JavaScript source: see "
+        "--language) "
         "with this command's standard input as its input, and print the response verl would "
         "receive, as JSON: in a micro-VM of this node (a hyperlight:// URL), or by POSTing "
         "Sandbox Fusion's request to an http(s) URL (a `verl-hyperlight serve`, or a Sandbox "
@@ -111,7 +118,7 @@ def _add_run(commands: _Commands) -> None:
         "--language",
         choices=RUNS,
         help="the request's language (default: by SOLUTION's suffix, .cpp .cc .cxx cpp, .go go, "
-        ".rs rust, else python)",
+        ".rs rust, .js .cjs nodejs, else python)",
     )
     run.add_argument(
         "--compile-timeout",
@@ -122,7 +129,15 @@ def _add_run(commands: _Commands) -> None:
 
 
 # The language `run` gives a solution file by its suffix, when --language does not say.
-SUFFIXES = {".cpp": "cpp", ".cc": "cpp", ".cxx": "cpp", ".go": "go", ".rs": "rust"}
+SUFFIXES = {
+    ".cpp": "cpp",
+    ".cc": "cpp",
+    ".cxx": "cpp",
+    ".go": "go",
+    ".rs": "rust",
+    ".js": "nodejs",
+    ".cjs": "nodejs",
+}
 
 
 def _language_of(name: str) -> str:
@@ -368,12 +383,12 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"verl-hyperlight {args.command}: {exc}", file=sys.stderr)
         return 2
     if args.command == "warm-up" and _on_cluster(args.url):
-        return _warm_up_the_cluster(args.url, args.memory_limit_mb)
+        return _warm_up_the_cluster(args.url, args.memory_limit_mb, args.language)
     if args.command == "warm-up":
         assert guest is not None
         try:
             with progress(f"seeing {guest.image.label} warm (a pull and a boot if needed)"):
-                warmth = warm_up(args.url, args.memory_limit_mb)
+                warmth = warm_up(args.url, args.memory_limit_mb, args.language)
             print(f"{guest.image.label} is warm on this node{_how(warmth)}", flush=True)
             with progress("seeing Go's build cache warm, where Go is installed"):
                 compiles = compiled.warm()
@@ -443,7 +458,7 @@ def _main(argv: Sequence[str] | None) -> int:
     return 0
 
 
-def _warm_up_the_cluster(url: str, memory_limit_mb: int) -> int:
+def _warm_up_the_cluster(url: str, memory_limit_mb: int, language: str) -> int:
     """warm-up of a ?ray URL: each alive node that offers its resource warms its guest (a task
     pinned there, all at once), each said as it comes; 1 when a node could not."""
     parsed = parse_url(url)
@@ -460,7 +475,7 @@ def _warm_up_the_cluster(url: str, memory_limit_mb: int) -> int:
     failed = 0
     with progress(f"warming up {len(nodes)} node(s) that offer {parsed.ray!r}"):
         found = cluster.run_on_each(
-            parsed.ray, nodes, _warm_up_here, (parsed.local, memory_limit_mb), limit
+            parsed.ray, nodes, _warm_up_here, (parsed.local, memory_limit_mb, language), limit
         )
         for node, said in found:
             if isinstance(said, tuple) and said[0]:
@@ -472,12 +487,12 @@ def _warm_up_the_cluster(url: str, memory_limit_mb: int) -> int:
     return 1 if failed else 0
 
 
-def _warm_up_here(url: str, memory_limit_mb: int) -> tuple[bool, str]:
-    """On a node of the cluster: its guest of `url` seen warm (True), said as warm-up says
-    it; or why it cannot be (False)."""
-    guest = guest_for(url, memory_limit_mb)
+def _warm_up_here(url: str, memory_limit_mb: int, language: str) -> tuple[bool, str]:
+    """On a node of the cluster: its guest of `url` (and `language`) seen warm (True), said as
+    warm-up says it; or why it cannot be (False)."""
+    guest = guest_for(url, memory_limit_mb, language)
     try:
-        warmth = warm_up(url, memory_limit_mb)
+        warmth = warm_up(url, memory_limit_mb, language)
         compiles = compiled.warm()
     except BackendError as exc:
         return False, str(exc)
@@ -501,7 +516,7 @@ def _guest(args: argparse.Namespace) -> Guest | None:
         return guest_for(args.url, selftest.MEMORY_LIMIT_MB)
     if args.command == "serve":
         return guest_for(args.url, args.settings.warm_up_memory_mb)
-    return guest_for(args.url, args.memory_limit_mb)
+    return guest_for(args.url, args.memory_limit_mb, getattr(args, "language", None) or "python")
 
 
 def _serve_settings(args: argparse.Namespace) -> ServeSettings:

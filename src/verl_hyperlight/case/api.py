@@ -22,7 +22,7 @@ from ..hluk import watch
 from ..hluk.binary import hluk_path
 from ..outcome import RawOutcome
 from . import casedir, cluster, compiled, failures, gate, packages, pytest_library, ready
-from .guests import CASE_MOUNT, Guest, guest_for, workload_code
+from .guests import CASE_MOUNT, LANGUAGE_IMAGES, Guest, guest_for, workload_code
 from .response import (
     CASE_CANCELLED,
     Response,
@@ -78,9 +78,10 @@ SandboxFusionLanguage = Literal[
     "racket",
 ]
 SANDBOX_FUSION_LANGUAGES = frozenset(get_args(SandboxFusionLanguage))
-# What runs here: a solution as `python solution.py`, a test file as `pytest FILE`, or a
-# program compiled on the host (case/compiled.py) and run in the guest.
-RUNS = ("python", "pytest", *compiled.LANGUAGES)
+# What runs here: a solution as `python solution.py`, a test file as `pytest FILE`, a program
+# compiled on the host (case/compiled.py) and run in the guest, or a solution in the image of
+# its language (guests.LANGUAGE_IMAGES: `node solution.js`).
+RUNS = ("python", "pytest", *compiled.LANGUAGES, *LANGUAGE_IMAGES)
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,9 @@ def _validate(
     memory_limit_mb: object,
     files: object,
     fetch_files: object,
+    language: str = "python",
 ) -> Case:
-    guest = guest_for(url, memory_limit_mb)  # type: ignore[arg-type]
+    guest = guest_for(url, memory_limit_mb, language)  # type: ignore[arg-type]
     return Case(
         guest=guest,
         code=encode_text("code", code, MAX_CODE_BYTES),
@@ -214,7 +216,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
         return gate.fresh_run(
             path,
             case.guest,
-            lambda nonce: workload_code(CASE_MOUNT, nonce),
+            lambda nonce: workload_code(case.guest, CASE_MOUNT, nonce),
             run,
             mount=case_dir.mount(CASE_MOUNT),
         )
@@ -324,7 +326,9 @@ def answer(
         raise InvalidRequest(f"unknown language {language!r}")
     timeout = _timeout("run_timeout", run_timeout)
     to_compile = _timeout("compile_timeout", compile_timeout, DEFAULT_COMPILE_TIMEOUT)
-    case = _validate(sandbox_fusion_url, code, stdin, timeout, memory_limit_mb, files, fetch_files)
+    case = _validate(
+        sandbox_fusion_url, code, stdin, timeout, memory_limit_mb, files, fetch_files, language
+    )
     parsed = parse_url(sandbox_fusion_url) if "?" in sandbox_fusion_url else None
     if parsed is not None and parsed.ray is not None:
         # Validated here, run there: the node's run_code answers as hyperlight:// does.
@@ -381,12 +385,12 @@ def _compiled_case(
     return with_compile_result(_run_case(path, program, cancel), built.result)
 
 
-def warm_up(url: str, memory_limit_mb: int | None) -> Warmth | None:
-    """See the guest of `url` and `memory_limit_mb` warm on this node, as a reward worker does
-    before its first case (an image pull and a warm snapshot, if need be, under the node's
-    lock): what the probe found, or None when it was seen warm already; BackendError when it
-    cannot be."""
-    return gate.ensure_ready(hluk_path(), guest_for(url, memory_limit_mb))
+def warm_up(url: str, memory_limit_mb: int | None, language: str = "python") -> Warmth | None:
+    """See the guest of `url`, `memory_limit_mb` and `language` warm on this node, as a reward
+    worker does before its first case (an image pull and a warm snapshot, if need be, under
+    the node's lock): what the probe found, or None when it was seen warm already;
+    BackendError when it cannot be."""
+    return gate.ensure_ready(hluk_path(), guest_for(url, memory_limit_mb, language))
 
 
 def close() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from importlib import resources
 
 from .. import node, settings
 from ..errors import InvalidRequest
-from ..guest import runner
+from ..guest import protocol, runner
 from .url import parse_url
 
 # Imported in the warm snapshot, so a solution's imports of them cost nothing. Modules an image
@@ -38,10 +39,18 @@ class Image:
     label: str
     local_rootfs: str | None = None  # a root filesystem file of the user's (HLUK_INITRD)
     default_memory_mb: int = 256  # hluk's --scratch-mb when none is given
+    # The guest's driver, and so the runner a case runs under: "python" (guest/runner.py) or
+    # "node" (guest/runner.js).
+    driver: str = "python"
 
 
 PYTHON = Image(("--runtime", "python"), 128, "the python image")
 AGENT = Image(("--runtime", "agent"), 720, "the agent image", default_memory_mb=1536)
+# hluk's node image: node:22-alpine's binary alone (no npm, no node_modules), 512 MiB by
+# default; the binary is about 110 MiB of its root filesystem.
+NODE = Image(("--runtime", "node"), 384, "the node image", default_memory_mb=512, driver="node")
+# The image a language other than Python's runs in, whatever image the URL names.
+LANGUAGE_IMAGES = {"nodejs": NODE}
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,8 @@ class Guest:
     def args(self) -> list[str]:
         """hluk run's guest arguments: image, memory, pytest's mount and the warm-up code."""
         memory = [] if self.scratch_mb is None else ["--scratch-mb", str(self.scratch_mb)]
+        if self.image.driver == "node":
+            return [*self.image.args, *memory, "--warm-exec", node_warm_exec_code()]
         if self.pytest_library is None:
             return [*self.image.args, *memory, "--warm-exec", warm_exec_code()]
         mount = ["--mount", f"{self.pytest_library}:{runner.PYTEST_MOUNT}:ro"]
@@ -106,12 +117,13 @@ def memory_for(memory_limit_mb: float) -> int:
     return power * 3 // 4 if power * 3 // 4 >= needed else power
 
 
-def guest_for(url: str, memory_limit_mb: object) -> Guest:
-    """The guest for a case: the URL's image with the memory `memory_for` gives the limit. A
-    limit past the most a case may ask for on this node is refused, unless the URL sends the
-    case to the Ray cluster's nodes (``?ray``), whose own run_code judges it by their memory."""
+def guest_for(url: str, memory_limit_mb: object, language: str = "python") -> Guest:
+    """The guest for a case: the URL's image (or the language's, LANGUAGE_IMAGES) with the
+    memory `memory_for` gives the limit. A limit past the most a case may ask for on this node
+    is refused, unless the URL sends the case to the Ray cluster's nodes (``?ray``), whose own
+    run_code judges it by their memory."""
     parsed = parse_url(url)
-    image = _image_named(parsed.image)
+    image = LANGUAGE_IMAGES.get(language) or _image_named(parsed.image)
     if memory_limit_mb is None or (
         not isinstance(memory_limit_mb, bool) and memory_limit_mb in (-1, 0)
     ):
@@ -173,31 +185,61 @@ def warm_exec_code(pytest_copy: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _call(function: str, *args: str) -> str:
+# What guest/runner.js reads of guest/protocol.py (its PROTOCOL), and the global it installs
+# its functions as.
+NODE_RUNNER_GLOBAL = "__verl_hyperlight_runner"
+_NODE_PROTOCOL_NAMES = (
+    "OUTPUT_LIMIT", "OUTPUT_LIMIT_STATUS", "CHUNK", "FILES_OUT_LIMIT", "FILE_MISSING",
+    "FILE_LEFT_OUT", "SOLUTION", "STDIN", "FILES", "FILE_PREFIX",
+)  # fmt: skip
+_NODE_PROTOCOL_FRAMES = ("GO", "REFUSED", "START", "END", "FILE", "DONE", "LAST")
+
+
+@lru_cache(maxsize=1)
+def node_warm_exec_code() -> str:
+    """hluk's --warm-exec for the node image: guest/runner.js, given the protocol's constants,
+    installed once before the snapshot is taken. The node driver evaluates it as a script."""
+    constants: dict[str, object] = {name: getattr(protocol, name) for name in _NODE_PROTOCOL_NAMES}
+    constants.update({name: getattr(protocol, name).decode() for name in _NODE_PROTOCOL_FRAMES})
+    constants["REPORT_FAILED_STATUS"] = runner.REPORT_FAILED_STATUS
+    constants["RUNNER_GLOBAL"] = NODE_RUNNER_GLOBAL
+    source = resources.files(runner.__package__).joinpath("runner.js").read_text()
+    return f"{{\nconst PROTOCOL = {json.dumps(constants)};\n{source}}}\n"
+
+
+def _call(guest: Guest | None, function: str, *args: str) -> str:
+    if guest is not None and guest.image.driver == "node":
+        arguments = ", ".join(json.dumps(arg) for arg in args)
+        return f"globalThis.{NODE_RUNNER_GLOBAL}.{_NODE_NAMES[function]}({arguments});"
     module = runner.MODULE_NAME
     arguments = ", ".join(repr(arg) for arg in args)
     return f"__import__({module!r}, fromlist=['_']).{function}({arguments})"
 
 
-def workload_code(case_dir: str, nonce: str) -> str:
+# The node runner's names of the Python runner's functions.
+_NODE_NAMES = {"main": "main", "await_case": "awaitCase", "probe": "probe"}
+
+
+def workload_code(guest: Guest, case_dir: str, nonce: str) -> str:
     """hluk's --exec for one case: run the case mounted at `case_dir`."""
-    return _call("main", case_dir, nonce)
+    return _call(guest, "main", case_dir, nonce)
 
 
-def ahead_code(case_dir: str, nonce: str) -> str:
+def ahead_code(guest: Guest, case_dir: str, nonce: str) -> str:
     """hluk's --exec for a ready guest: wait for the host's line, then run the case mounted at
     `case_dir`."""
-    return _call("await_case", case_dir, nonce)
+    return _call(guest, "await_case", case_dir, nonce)
 
 
 def notebook_code(nonce: str) -> str:
-    """hluk's --exec for a notebook: run the calls the console's input brings."""
-    return _call("notebook", nonce)
+    """hluk's --exec for a notebook (Python's alone): run the calls the console's input
+    brings."""
+    return _call(None, "notebook", nonce)
 
 
-def probe_code(nonce: str) -> str:
+def probe_code(guest: Guest, nonce: str) -> str:
     """hluk's --exec for a warm-up: report an empty case through the runner."""
-    return _call("probe", nonce)
+    return _call(guest, "probe", nonce)
 
 
 def hluk_argv(

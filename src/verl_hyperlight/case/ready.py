@@ -297,7 +297,7 @@ class ReadyGuests:
         argv = hluk_argv(
             self.path,
             self.guest,
-            ahead_code(CASE_MOUNT, nonce),
+            ahead_code(self.guest, CASE_MOUNT, nonce),
             mount=case_dir.mount(CASE_MOUNT),
         )
         try:

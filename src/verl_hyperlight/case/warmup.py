@@ -85,7 +85,7 @@ def _acquire(lock: FileLock | _Unlocked, cancel: threading.Event) -> None:
 
 def _probe(path: str, guest: Guest, limits: Deadlines, cancel: threading.Event) -> RawOutcome:
     nonce = secrets.token_hex(16)
-    argv = hluk_argv(path, guest, probe_code(nonce), log_level="info")
+    argv = hluk_argv(path, guest, probe_code(guest, nonce), log_level="info")
     return watch.run(argv, nonce, limits, cancel=cancel)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from .. import diagnosis, node, settings
 from ..case import casedir, cluster, compiled, gate, pytest_library
 from ..case.api import answer
-from ..case.guests import guest_for
+from ..case.guests import LANGUAGE_IMAGES, guest_for
 from ..case.ready import most_kept
 from ..case.url import parse_url
 from ..errors import BackendError, Diagnosis, InvalidRequest, Refused
@@ -99,6 +99,7 @@ def checks(options: Options) -> Iterator[Check]:
         yield from guest_checks(path, options)
     yield _pytest()
     yield from _compilers()
+    yield from _language_images()
     yield _spawn_check()
     yield from _sizing(options)
     yield from _verl()
@@ -347,6 +348,30 @@ def _compilers() -> Iterator[Check]:
             yield warn(f"{language} compiler", exc.diagnosis.what, exc.diagnosis.fix)
         else:
             yield ok(f"{language} compiler", f"{language} cases compile with {found}")
+
+
+def _language_images() -> Iterator[Check]:
+    """The image each language with one of its own runs in (`nodejs`: hluk's node image):
+    pulled into hluk's cache already, or on its first case, with the command that takes it
+    ahead. Not started here: a node that never runs the language needs nothing of it."""
+    rootfs = Path(settings.hluk_cache_directory()) / "rootfs"
+    for language, image in LANGUAGE_IMAGES.items():
+        name = image.args[-1]
+        pulled = [path for path in rootfs.rglob("*.cpio") if path.parent.name == name]
+        command = f"verl-hyperlight warm-up --language {language}"
+        if pulled:
+            yield ok(
+                f"{language} image",
+                f"{language} cases run in {image.label} ({image.default_memory_mb} MiB by "
+                f"default), in hluk's cache at {pulled[0]}",
+            )
+        else:
+            # Not a fault: a node that runs no such case needs nothing of it.
+            yield ok(
+                f"{language} image",
+                f"{language} cases run in {image.label}, not pulled yet: the first {language} "
+                f"case would wait for its pull and warm snapshot ({command} takes them ahead)",
+            )
 
 
 def guest_checks(path: str, options: Options) -> Iterator[Check]:

@@ -76,6 +76,7 @@ PROGRAM = "program"
 PROGRAM_NAME = "program-name"
 STDIN = "stdin"
 FILES = "files.json"
+FILE_PREFIX = "file-"  # of the request's files, numbered (file_name)
 
 REFUSED = b"refused"
 START = b"start"
@@ -108,7 +109,7 @@ class End:
 
 def file_name(index: int) -> str:
     """The case directory's name for the request's file `index`."""
-    return f"file-{index}"
+    return f"{FILE_PREFIX}{index}"
 
 
 def frame(nonce: bytes, kind: bytes, *fields: bytes) -> bytes:
