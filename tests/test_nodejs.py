@@ -1,10 +1,12 @@
-"""`nodejs` cases: hluk's node image, the case run by guest/runner.js as `node solution.js`.
+"""`nodejs` and `typescript` cases: hluk's node image, the case run by guest/runner.js as
+`node solution.js` (TypeScript transpiled on the host first, in the compiles' sandbox).
 
 Sandbox Fusion's own runner tests (sandbox/tests/runners/test_nodejs.py: 6 tests) through
 run_code and through serve, with their requests and assertions; the one that needs lodash,
 which the node image cannot hold (no node_modules), is the documented limit, answered as the
-module missing. Then the same programs through this node and through the host's own
-`node solution.js`, answers compared; and the stand-in's node image held to what hluk's is.
+module missing; likewise sandbox/tests/runners/test_typescript.py. Then the same programs
+through this node and through the host's own `node solution.js`, answers compared; and the
+stand-in's node image held to what hluk's is.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from hostside import Host
 from serving import Served
 
 from verl_hyperlight import settings
-from verl_hyperlight.case import api
+from verl_hyperlight.case import api, compiled
 from verl_hyperlight.case.guests import NODE, guest_for
 from verl_hyperlight.commands import selftest
 from verl_hyperlight.guest.protocol import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
@@ -38,15 +40,16 @@ def run(
     run_timeout: float = 10,
     files: dict[str, str | None] | None = None,
     fetch_files: list[str] | None = None,
+    language: str = "nodejs",
 ) -> dict[str, Any]:
     response, error = api.run_code(
         "hyperlight://",
         code,
         stdin,
-        10,
+        30,
         run_timeout,
         None,
-        "nodejs",
+        language,
         files=files,
         fetch_files=fetch_files,
     )
@@ -179,6 +182,155 @@ def test_sandbox_fusions_nodejs_tests_through_serve(
             reply = client.post("/run_code", json=body)
             assert reply.status_code == 200, reply.text
             check(reply.json())
+
+
+# --- Sandbox Fusion's sandbox/tests/runners/test_typescript.py ---------------------------
+
+
+def _typescript_missing() -> str | None:
+    try:
+        compiled.check("typescript")
+    except Exception as exc:
+        return f"TypeScript is missing here ({exc}); .ci/run installs it"
+    return None
+
+
+needs_typescript = pytest.mark.skipif(
+    _typescript_missing() is not None, reason=str(_typescript_missing())
+)
+
+TS_TESTS: list[tuple[str, str, Check, str | None, float]] = [
+    ("print", "console.log(123)", _success_printing, None, 5),
+    (
+        "timeout",
+        """
+    import util from 'util';
+    const sleep = util.promisify(setTimeout);
+    async function main() {
+        await sleep(200);
+    }
+    main();
+                             """,
+        _timed_out,
+        None,
+        0.1,
+    ),
+    (
+        "assertion_error",
+        """
+    import assert from "assert";
+    assert.strictEqual(1, 2, '1 !== 2');
+    """,
+        _assertion_error,
+        None,
+        10,
+    ),
+    ("humanevalx_assertion_error", "console.assert(1 === 2);", _humanevalx_assertion, None, 10),
+    (
+        "lodash_dep",
+        """
+    import _ from "lodash";
+    import assert from "assert";
+    assert(_.isEqual(1, 1));
+    console.log('done');
+                             """,
+        _lodash_missing,
+        None,
+        5,
+    ),
+    (
+        "stdin",
+        """
+    process.stdin.on('data', (input: Buffer) => {
+    const num: number = parseInt(input.toString());
+    console.log(num);
+    process.exit();
+    });
+                             """,
+        _stdin_echoed,
+        "65535",
+        5,
+    ),
+]
+
+
+@needs_typescript
+@pytest.mark.parametrize(
+    ("code", "check", "stdin", "run_timeout"),
+    [test[1:] for test in TS_TESTS],
+    ids=[test[0] for test in TS_TESTS],
+)
+def test_sandbox_fusions_typescript_test_through_run_code(
+    host: Host, code: str, check: Check, stdin: str | None, run_timeout: float
+) -> None:
+    response = run(code, stdin, run_timeout, language="typescript")
+    check(response)
+    assert response["compile_result"] is None  # tsx has no compile step
+
+
+@needs_typescript
+def test_sandbox_fusions_typescript_tests_through_serve(
+    host: Host, serve: Callable[..., Served]
+) -> None:
+    served = serve()
+    with served.client() as client:
+        for _, code, check, stdin, run_timeout in TS_TESTS:
+            body = {
+                "compile_timeout": 10,
+                "run_timeout": run_timeout,
+                "memory_limit_MB": -1,
+                "code": code,
+                "stdin": stdin,
+                "language": "typescript",
+                "files": {},
+                "fetch_files": [],
+            }
+            reply = client.post("/run_code", json=body)
+            assert reply.status_code == 200, reply.text
+            check(reply.json())
+
+
+@needs_typescript
+def test_typescript_checks_no_types_and_its_syntax_errors_fail_the_run(host: Host) -> None:
+    # As tsx (esbuild) runs it: a type error runs; a syntax error is the run's failure.
+    typed = run("const x: number = 'a' as any; console.log(x)", language="typescript")
+    assert typed["status"] == "Success" and typed["run_result"]["stdout"] == "a\n", typed
+    broken = run("let x: number = ;", language="typescript")
+    result = broken["run_result"]
+    assert (broken["status"], result["status"], result["return_code"]) == ("Failed", "Finished", 1)
+    assert "solution.ts(1,17): error TS1109: Expression expected." in result["stderr"]
+    assert broken["compile_result"] is None
+
+
+@needs_typescript
+def test_a_typescript_transpile_past_its_compile_timeout_is_a_run_out_of_time(
+    host: Host,
+) -> None:
+    response, error = api.run_code(
+        "hyperlight://", "console.log(1)", None, 0.001, 10, None, "typescript"
+    )
+    assert error is None and response is not None
+    assert response["status"] == "Failed" and response["compile_result"] is None
+    assert response["run_result"]["status"] == "TimeLimitExceeded", response
+
+
+@needs_typescript
+def test_selftest_checks_a_typescript_case(host: Host) -> None:
+    check = selftest.language_check("hyperlight://", "typescript")
+    assert check.status == "ok", check
+
+
+def test_a_node_without_typescript_answers_its_cases_with_the_install(
+    host: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv(settings.TYPESCRIPT.name, str(tmp_path))
+    response = run("console.log(1)", language="typescript")
+    assert response["status"] == "SandboxError"
+    assert (
+        "'typescript' is transpiled with typescript, which this node lacks" in (response["message"])
+    )
+    assert "npm install -g typescript" in response["message"]
+    assert run("console.log(1)")["status"] == "Success"  # nodejs runs on
 
 
 # --- as `node solution.js` runs them ---------------------------------------------------------

@@ -118,13 +118,13 @@ def _add_run(commands: _Commands) -> None:
         "--language",
         choices=RUNS,
         help="the request's language (default: by SOLUTION's suffix, .cpp .cc .cxx cpp, .go go, "
-        ".rs rust, .js .cjs nodejs, else python)",
+        ".rs rust, .js .cjs nodejs, .ts typescript, else python)",
     )
     run.add_argument(
         "--compile-timeout",
         type=float,
         default=10.0,
-        help="compile_timeout in seconds, for cpp, go and rust (default 10)",
+        help="compile_timeout in seconds, for cpp, go, rust and typescript (default 10)",
     )
 
 
@@ -137,6 +137,7 @@ SUFFIXES = {
     ".rs": "rust",
     ".js": "nodejs",
     ".cjs": "nodejs",
+    ".ts": "typescript",
 }
 
 

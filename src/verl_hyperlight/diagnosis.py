@@ -407,14 +407,19 @@ TOOLCHAIN_INSTALLS = {
     "g++": "install g++ with its static libraries (Debian and Ubuntu: apt-get install g++)",
     "rustc": "install Rust (https://rustup.rs) so that rustc is on PATH",
     "go": f"install Go 1.21 or later on PATH, or {install('go')}",
+    "node": "install Node.js on PATH (Debian and Ubuntu: apt-get install nodejs)",
+    "typescript": "install TypeScript (npm install -g typescript), or set "
+    "VERL_HYPERLIGHT_TYPESCRIPT to the directory of its npm package",
 }
 
 
 def toolchain_missing(language: str, tool: str, detail: str = "") -> BackendError:
-    """`language` is compiled by `tool`, which this node lacks (`detail`: what was found)."""
+    """`language` is compiled (or transpiled) by `tool`, which this node lacks (`detail`: what
+    was found)."""
     found = f" ({detail})" if detail else ""
+    verb = "transpiled" if language == "typescript" else "compiled"
     return _failed(
-        f"language {language!r} is compiled with {tool}, which this node lacks{found}",
+        f"language {language!r} is {verb} with {tool}, which this node lacks{found}",
         TOOLCHAIN_INSTALLS[tool],
         f"toolchain-{tool}",
     )

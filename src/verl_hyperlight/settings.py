@@ -199,6 +199,14 @@ BWRAP = Setting(
     "The bubblewrap that C++, Go and Rust compile in (0.10 or later for Go).",
 )
 
+TYPESCRIPT = Setting(
+    "VERL_HYPERLIGHT_TYPESCRIPT",
+    None,
+    "typescript in `npm root -g`",
+    _text,
+    "The directory of the npm package `typescript` that transpiles `typescript` cases.",
+)
+
 
 def _mebibytes(text: str) -> int:
     number = _count(text)
@@ -324,6 +332,7 @@ ALL: tuple[Setting[Any], ...] = (
     CASE_DIR,
     COMPILE_CACHE_DIR,
     BWRAP,
+    TYPESCRIPT,
     COMPILE_MEMORY_MB,
     TOKEN,
     POD_NAME,

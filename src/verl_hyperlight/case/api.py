@@ -30,6 +30,7 @@ from .response import (
     response_for,
     sandbox_error,
     time_limit_exceeded,
+    transpile_failed,
     with_compile_result,
 )
 from .url import parse_url
@@ -80,7 +81,7 @@ SandboxFusionLanguage = Literal[
 SANDBOX_FUSION_LANGUAGES = frozenset(get_args(SandboxFusionLanguage))
 # What runs here: a solution as `python solution.py`, a test file as `pytest FILE`, a program
 # compiled on the host (case/compiled.py) and run in the guest, or a solution in the image of
-# its language (guests.LANGUAGE_IMAGES: `node solution.js`).
+# its language (guests.LANGUAGE_IMAGES: `node solution.js`), TypeScript transpiled to it first.
 RUNS = ("python", "pytest", *compiled.LANGUAGES, *LANGUAGE_IMAGES)
 
 
@@ -358,6 +359,8 @@ def answer(
         case = replace(case, guest=replace(case.guest, pytest_library=library))
     if language in compiled.LANGUAGES:
         return _compiled_case(case, language, to_compile, cancel)
+    if language in compiled.TRANSPILED:
+        return _transpiled_case(case, language, to_compile, cancel)
     if timeout <= 0:
         return time_limit_exceeded()  # as the service answers it, at once
     response = _run_case(hluk_path(), case, cancel)
@@ -383,6 +386,26 @@ def _compiled_case(
         return with_compile_result(time_limit_exceeded(), built.result)
     program = replace(case, code=built.program, program_name=compiled.PROGRAM_NAMES[language])
     return with_compile_result(_run_case(path, program, cancel), built.result)
+
+
+def _transpiled_case(
+    case: Case, language: str, compile_timeout: float, cancel: threading.Event | None
+) -> Response:
+    """Transpile the case's code on the host (TypeScript to JavaScript, in the compiles'
+    sandbox), then run it as a case of the language it became. Sandbox Fusion runs TypeScript
+    with tsx, which has no compile step: its response has no compile_result, and a syntax
+    error is the run's failure, status 1 with the transpiler's words."""
+    path = hluk_path()
+    try:
+        built = compiled.build(language, case.code, compile_timeout, cancel)
+    except BackendError as exc:
+        failures.log.record(exc.cause, str(exc), f"its {language} cases score -1")
+        return sandbox_error(str(exc))
+    if built.program is None:
+        return transpile_failed(built.result)
+    if case.run_timeout <= 0:
+        return time_limit_exceeded()
+    return _run_case(path, replace(case, code=built.program), cancel)
 
 
 def warm_up(url: str, memory_limit_mb: int | None, language: str = "python") -> Warmth | None:

@@ -46,6 +46,40 @@ logger = logging.getLogger("verl_hyperlight")
 # Sandbox Fusion's languages compiled here, and the name Sandbox Fusion runs each program by.
 LANGUAGES = ("cpp", "go", "rust")
 PROGRAM_NAMES = {"cpp": "./test", "go": "./out", "rust": "./test"}
+# Languages transpiled here, in the same sandbox, to JavaScript that a guest of another
+# language's image runs: `typescript` to `nodejs` (hluk has no TypeScript runtime).
+TRANSPILED = {"typescript": "nodejs"}
+# What the transpiler of TypeScript runs: typescript's transpileModule, which checks no types
+# (as Sandbox Fusion's tsx, esbuild, checks none), to CommonJS with esModuleInterop (tsx's
+# `import util from 'util'` of a CommonJS module), its syntax errors as tsc words them.
+TRANSPILE_TYPESCRIPT = """'use strict';
+const fs = require('fs');
+const ts = require(process.argv[2]);
+const source = fs.readFileSync('solution.ts', 'utf8');
+const out = ts.transpileModule(source, {
+  fileName: 'solution.ts',
+  reportDiagnostics: true,
+  compilerOptions: {
+    module: ts.ModuleKind.CommonJS,
+    target: ts.ScriptTarget.ES2022,
+    esModuleInterop: true,
+    sourceMap: false,
+  },
+});
+const errors = (out.diagnostics || []).filter((d) => d.category === ts.DiagnosticCategory.Error);
+for (const d of errors) {
+  const text = ts.flattenDiagnosticMessageText(d.messageText, '\\n');
+  if (d.file && d.start !== undefined) {
+    const { line, character } = d.file.getLineAndCharacterOfPosition(d.start);
+    const where = `solution.ts(${line + 1},${character + 1})`;
+    process.stderr.write(`${where}: error TS${d.code}: ${text}\\n`);
+  } else {
+    process.stderr.write(`error TS${d.code}: ${text}\\n`);
+  }
+}
+if (errors.length > 0) process.exit(1);
+fs.writeFileSync('solution.js', out.outputText);
+"""
 # What is read of the compiler's stdout and of its stderr: as much as Sandbox Fusion reads.
 COMPILER_OUTPUT_LIMIT = 1024 * 1024
 # The largest file a compile may write (the program, its objects): far past any program's.
@@ -134,7 +168,8 @@ def build(
     bwrap = _bwrap(need_overlay=toolchain.go_cache is not None)
     made = casedir.make([(toolchain.source, code), *toolchain.files])
     try:
-        return _compile(bwrap, toolchain, made.path, PROGRAM_NAMES[language], timeout, cancel)
+        output = "solution.js" if language in TRANSPILED else PROGRAM_NAMES[language]
+        return _compile(bwrap, toolchain, made.path, output, timeout, cancel)
     finally:
         # The program and the objects are the compile's own: removed with the directory.
         shutil.rmtree(made.path, ignore_errors=True)
@@ -147,6 +182,8 @@ def check(language: str) -> str:
     toolchain = _toolchain(language, warm=False)
     bwrap = _bwrap(need_overlay=language == "go")
     found = f"{toolchain.argv[0]}, in bubblewrap {bwrap}"
+    if language == "typescript":
+        found = f"{toolchain.argv[0]} and typescript at {toolchain.argv[2]}, in bubblewrap {bwrap}"
     if language == "go":
         cache = _go_cache_directory(_go_of(_go_binary()))
         if os.path.exists(os.path.join(cache, ".warm")):
@@ -317,6 +354,8 @@ def _toolchain(language: str, warm: bool = True) -> _Toolchain:
         return _cpp()
     if language == "rust":
         return _rust()
+    if language == "typescript":
+        return _typescript()
     return _go(warm)
 
 
@@ -384,6 +423,32 @@ def _rust() -> _Toolchain:
         "strip=debuginfo",
     )
     return _Toolchain(source, argv, roots=(sysroot,))
+
+
+def _typescript_package() -> str:
+    """The directory of the npm package `typescript`: VERL_HYPERLIGHT_TYPESCRIPT, else in
+    npm's global root."""
+    chosen = settings.TYPESCRIPT.value()
+    if chosen is None:
+        npm = shutil.which("npm")
+        if npm is None:
+            raise diagnosis.toolchain_missing("typescript", "typescript", "no npm to find it")
+        done = subprocess.run(
+            [npm, "root", "-g"], capture_output=True, text=True, check=False, timeout=60
+        )
+        chosen = os.path.join(done.stdout.strip(), "typescript")
+    package = os.path.realpath(chosen)
+    if not os.path.isfile(os.path.join(package, "lib", "typescript.js")):
+        raise diagnosis.toolchain_missing("typescript", "typescript", f"none at {package}")
+    return package
+
+
+def _typescript() -> _Toolchain:
+    node = os.path.realpath(_found("node", "typescript"))
+    package = _typescript_package()
+    argv = (node, "transpile.js", package)
+    files = (("transpile.js", TRANSPILE_TYPESCRIPT.encode()),)
+    return _Toolchain("solution.ts", argv, roots=(_prefix(node), package), files=files)
 
 
 # Go

@@ -50,7 +50,7 @@ AGENT = Image(("--runtime", "agent"), 720, "the agent image", default_memory_mb=
 # default; the binary is about 110 MiB of its root filesystem.
 NODE = Image(("--runtime", "node"), 384, "the node image", default_memory_mb=512, driver="node")
 # The image a language other than Python's runs in, whatever image the URL names.
-LANGUAGE_IMAGES = {"nodejs": NODE}
+LANGUAGE_IMAGES = {"nodejs": NODE, "typescript": NODE}
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,15 @@ def compile_failed(compile_result: dict[str, Any]) -> Response:
     return response
 
 
+def transpile_failed(transpile_result: dict[str, Any]) -> Response:
+    """A transpile (TypeScript's) that failed or ran out of time, answered as the service
+    answers a tsx run that failed before the program: Failed, the transpiler's status and
+    words as the run's, no compile_result."""
+    if transpile_result["status"] == "TimeLimitExceeded":
+        return _response("Failed", "", {**transpile_result, "stdout": "", "stderr": ""})
+    return _response("Failed", "", dict(transpile_result))
+
+
 def with_compile_result(response: Response, compile_result: dict[str, Any]) -> Response:
     """`response`, a compiled program's run, with the compile that built it."""
     response["compile_result"] = compile_result

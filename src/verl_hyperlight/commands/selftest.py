@@ -174,11 +174,14 @@ LANGUAGE_PROGRAMS = {
     '    println!("{}", n[0] + n[1]); eprintln!("to stderr"); std::process::exit(3); }\n',
     "nodejs": "const [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/)"
     ".map(Number);\nconsole.log(a + b);\nconsole.error('to stderr');\nprocess.exitCode = 3;\n",
+    "typescript": "import { readFileSync } from 'fs';\nconst [a, b]: number[] = readFileSync(0, "
+    "'utf8').trim().split(/\\s+/).map(Number);\nconsole.log(a + b);\n"
+    "console.error('to stderr');\nprocess.exitCode = 3;\n",
 }
 LANGUAGE_STDIN = "19 23\n"
 LANGUAGE_ANSWER = ("Failed", 3, "42\n", "to stderr\n")
 # The languages' cases take the node image's default memory rather than Python's limit.
-LANGUAGE_MEMORY_LIMIT_MB: dict[str, int | None] = {"nodejs": None}
+LANGUAGE_MEMORY_LIMIT_MB: dict[str, int | None] = {"nodejs": None, "typescript": None}
 
 
 def language_check(url: str, language: str) -> doctor.Check:
