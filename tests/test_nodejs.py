@@ -163,27 +163,6 @@ def test_sandbox_fusions_nodejs_test_through_run_code(
     check(run(code, stdin, run_timeout))
 
 
-def test_sandbox_fusions_nodejs_tests_through_serve(
-    host: Host, serve: Callable[..., Served]
-) -> None:
-    served = serve()
-    with served.client() as client:
-        for _, code, check, stdin, run_timeout in SF_TESTS:
-            body = {
-                "compile_timeout": 10,
-                "run_timeout": run_timeout,
-                "memory_limit_MB": -1,
-                "code": code,
-                "stdin": stdin,
-                "language": "nodejs",
-                "files": {},
-                "fetch_files": [],
-            }
-            reply = client.post("/run_code", json=body)
-            assert reply.status_code == 200, reply.text
-            check(reply.json())
-
-
 # --- Sandbox Fusion's sandbox/tests/runners/test_typescript.py ---------------------------
 
 
@@ -268,20 +247,22 @@ def test_sandbox_fusions_typescript_test_through_run_code(
     assert response["compile_result"] is None  # tsx has no compile step
 
 
-@needs_typescript
-def test_sandbox_fusions_typescript_tests_through_serve(
-    host: Host, serve: Callable[..., Served]
+@pytest.mark.parametrize("language", ["nodejs", "typescript"])
+def test_sandbox_fusions_tests_through_serve(
+    host: Host, serve: Callable[..., Served], language: str
 ) -> None:
+    if language == "typescript" and _typescript_missing() is not None:
+        pytest.skip(str(_typescript_missing()))
     served = serve()
     with served.client() as client:
-        for _, code, check, stdin, run_timeout in TS_TESTS:
+        for _, code, check, stdin, run_timeout in SF_TESTS if language == "nodejs" else TS_TESTS:
             body = {
                 "compile_timeout": 10,
                 "run_timeout": run_timeout,
                 "memory_limit_MB": -1,
                 "code": code,
                 "stdin": stdin,
-                "language": "typescript",
+                "language": language,
                 "files": {},
                 "fetch_files": [],
             }

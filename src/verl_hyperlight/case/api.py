@@ -357,10 +357,8 @@ def answer(
             failures.log.record("pytest-missing", str(exc), "its pytest cases score -1")
             return sandbox_error(str(exc))
         case = replace(case, guest=replace(case.guest, pytest_library=library))
-    if language in compiled.LANGUAGES:
-        return _compiled_case(case, language, to_compile, cancel)
-    if language in compiled.TRANSPILED:
-        return _transpiled_case(case, language, to_compile, cancel)
+    if language in compiled.LANGUAGES or language in compiled.TRANSPILED:
+        return _built_case(case, language, to_compile, cancel)
     if timeout <= 0:
         return time_limit_exceeded()  # as the service answers it, at once
     response = _run_case(hluk_path(), case, cancel)
@@ -368,11 +366,14 @@ def answer(
     return response
 
 
-def _compiled_case(
+def _built_case(
     case: Case, language: str, compile_timeout: float, cancel: threading.Event | None
 ) -> Response:
-    """Compile the case's code on the host, then run the program as a case: Sandbox Fusion's
-    response with its compile_result; no run when the compile failed, as the service does."""
+    """Compile (cpp, go, rust) or transpile (typescript) the case's code on the host, then run
+    what it built as a case. A compiled language's response has its compile_result, and no
+    run when the compile failed, as the service answers; TypeScript's has none (Sandbox
+    Fusion runs it with tsx, which has no compile step), a syntax error being the run's failure
+    with the transpiler's words."""
     path = hluk_path()  # before the compile: a node without hluk says so at once
     try:
         built = compiled.build(language, case.code, compile_timeout, cancel)
@@ -380,32 +381,17 @@ def _compiled_case(
         # This node cannot compile the language: its cases fail, the others run.
         failures.log.record(exc.cause, str(exc), f"its {language} cases score -1")
         return sandbox_error(str(exc))
+    transpiled = language in compiled.TRANSPILED
     if built.program is None:
-        return compile_failed(built.result)
+        return transpile_failed(built.result) if transpiled else compile_failed(built.result)
+    if transpiled:
+        if case.run_timeout <= 0:
+            return time_limit_exceeded()
+        return _run_case(path, replace(case, code=built.program), cancel)
     if case.run_timeout <= 0:
         return with_compile_result(time_limit_exceeded(), built.result)
     program = replace(case, code=built.program, program_name=compiled.PROGRAM_NAMES[language])
     return with_compile_result(_run_case(path, program, cancel), built.result)
-
-
-def _transpiled_case(
-    case: Case, language: str, compile_timeout: float, cancel: threading.Event | None
-) -> Response:
-    """Transpile the case's code on the host (TypeScript to JavaScript, in the compiles'
-    sandbox), then run it as a case of the language it became. Sandbox Fusion runs TypeScript
-    with tsx, which has no compile step: its response has no compile_result, and a syntax
-    error is the run's failure, status 1 with the transpiler's words."""
-    path = hluk_path()
-    try:
-        built = compiled.build(language, case.code, compile_timeout, cancel)
-    except BackendError as exc:
-        failures.log.record(exc.cause, str(exc), f"its {language} cases score -1")
-        return sandbox_error(str(exc))
-    if built.program is None:
-        return transpile_failed(built.result)
-    if case.run_timeout <= 0:
-        return time_limit_exceeded()
-    return _run_case(path, replace(case, code=built.program), cancel)
 
 
 def warm_up(url: str, memory_limit_mb: int | None, language: str = "python") -> Warmth | None:
