@@ -422,7 +422,8 @@ class Worker:
         """Stop holding what the soak itself opened in the worker (connections)."""
 
     def end_ready_guests(self) -> None:
-        """End the micro-VMs the worker started ahead of cases, as its exit would."""
+        """End the micro-VMs the worker started ahead of cases, as its exit would, and see
+        those of answered cases ended."""
 
     def logged(self) -> str:
         """What the worker logged (verl_hyperlight's log) since the soak began."""
@@ -462,8 +463,10 @@ class InProcess(Worker):
 
     def end_ready_guests(self) -> None:
         from verl_hyperlight.case import ready
+        from verl_hyperlight.hluk import ending
 
         ready.end_all()  # as the worker's exit does; what its gates know stays
+        ending.wait(30)  # and the hluks of answered cases, ending off their paths, have ended
 
     def logged(self) -> str:
         return self._log.read_text(errors="replace")

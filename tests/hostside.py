@@ -19,12 +19,14 @@ from typing import Any
 
 import pytest
 
+from verl_hyperlight import deadlines as _deadlines
 from verl_hyperlight import settings as _settings
 from verl_hyperlight.case import api as _api
 from verl_hyperlight.case import casedir as _casedir
 from verl_hyperlight.case import failures as _failures
 from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.errors import CauseCounts
+from verl_hyperlight.hluk import ending as _ending
 from verl_hyperlight.hluk import spawners as _spawners
 
 URL = "hyperlight://"
@@ -325,6 +327,8 @@ class Usage:
 
     @classmethod
     def now(cls, found: Host) -> Usage:
+        """Once the hluks of answered cases have ended (hluk/ending.py: within their grace)."""
+        assert _ending.wait(_deadlines.EXIT_GRACE_SECONDS + 10), "a hluk outlived its grace"
         pool = sum(1 for spawner in list(_spawners._spawners.values()) if spawner.alive)
         return cls(
             descriptors=len(os.listdir("/proc/self/fd")) - pool,

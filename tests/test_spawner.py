@@ -34,6 +34,7 @@ from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.errors import CauseCounts
 from verl_hyperlight.hluk import binary as _binary
 from verl_hyperlight.hluk import console as _console
+from verl_hyperlight.hluk import ending as _ending
 from verl_hyperlight.hluk import spawn as _spawn
 from verl_hyperlight.hluk import spawners as _spawners
 
@@ -183,7 +184,9 @@ def test_a_spawner_that_cannot_start_leaves_cases_to_the_next_way_with_one_warni
 
 
 def hluk_parent_during(case: str, marker: str) -> int:
-    """The parent of the hluk that runs `case` (a solution that sleeps), seen while it runs."""
+    """The parent of the hluk that runs `case` (a solution that sleeps), seen while it runs
+    (once the hluks of the cases answered before it have ended: hluk/ending.py)."""
+    assert _ending.wait(30)
     thread = threading.Thread(target=run, args=(case,), kwargs={"run_timeout": 1})
     thread.start()
     try:

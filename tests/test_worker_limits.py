@@ -26,6 +26,7 @@ import verl_hyperlight
 from verl_hyperlight import settings as _settings
 from verl_hyperlight.case.guests import guest_for, hluk_argv, notebook_code
 from verl_hyperlight.errors import ZEROES_REWARDS
+from verl_hyperlight.hluk import ending as _ending
 from verl_hyperlight.hluk import spawn as _spawn
 
 pytestmark = pytest.mark.once
@@ -268,7 +269,9 @@ def test_a_non_root_worker_with_200_notebooks_and_400_cases_leaves_its_users_pip
 
 
 def descriptors() -> int:
-    """How many descriptors this process holds."""
+    """How many descriptors this process holds, once the hluks of answered cases have ended
+    (within their grace: hluk/ending.py)."""
+    assert _ending.wait(30), "a hluk outlived its grace"
     return len(os.listdir("/proc/self/fd"))
 
 

@@ -21,8 +21,10 @@ from . import settings
 # fetched files' 16 MiB).
 COPY_OUT_SECONDS = 10.0
 COPY_OUT_BYTES_PER_SECOND = 1024 * 1024
-# After the runner's report hluk only has to tear the VM down.
-EXIT_GRACE_SECONDS = 10.0
+# After the runner's report hluk only has to tear the VM down (milliseconds): it is answered
+# at the report and given this long to end by itself, off the case's path (hluk/ending.py),
+# then killed, so that a worker holds a micro-VM past its case for this long at most.
+EXIT_GRACE_SECONDS = 2.0
 # Once hluk has exited, what is left in its pipes is read for this long; a descendant that
 # kept them open (a wrapper that did not exec) is not waited for.
 DRAIN_SECONDS = 1.0

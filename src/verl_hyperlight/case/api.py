@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 from .. import deadlines
 from ..errors import BackendError, CauseCounts, InvalidRequest, Refused
 from ..guest import protocol
-from ..hluk import watch
+from ..hluk import ending, watch
 from ..hluk.binary import hluk_path
 from ..outcome import RawOutcome
 from . import casedir, cluster, compiled, failures, gate, packages, pytest_library, ready
@@ -405,9 +405,11 @@ def warm_up(url: str, memory_limit_mb: int | None, language: str = "python") -> 
 def close() -> None:
     """End what this process keeps for its cases: its ready guests (waited for: their hluks
     killed and reaped, their directories removed) and what its gates know of each guest; the
-    next case probes its guest again. serve calls it when it stops; a process that exits ends
-    its ready guests itself."""
+    next case probes its guest again; and the hluks of answered cases still tearing their
+    guests down (hluk/ending.py), waited for to their end. serve calls it when it stops; a
+    process that exits ends its ready guests itself."""
     gate.forget()
+    ending.wait(deadlines.EXIT_GRACE_SECONDS + 1)
 
 
 def ready_guests() -> ready.Counts:

@@ -92,7 +92,6 @@ class NotebookProcess:
                 self.stderr,
                 deadlines,
                 cancel,
-                until_done=True,
                 request=request,
             )
         except BaseException:

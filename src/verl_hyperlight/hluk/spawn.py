@@ -81,6 +81,10 @@ class Process(Protocol):
         """End hluk's input (its stdin pipe, if it has one): its guest reads the end of it, as
         from /dev/null."""
 
+    def answered(self) -> None:
+        """Its case is answered, its end awaited off the case's path (ending.py): it no longer
+        counts among the hluks that run cases, by which the spawners' pool is sized."""
+
     def stop(self) -> int | None:
         """Kill its process group unless it has been reaped, have it reaped, close its
         descriptors; once: nothing of its group outlives the call. Its status as subprocess
@@ -204,6 +208,9 @@ class _Popened:
             if self.stdin is not None and not self._stopped:
                 os.close(self.stdin)
                 self.stdin = None
+
+    def answered(self) -> None:
+        pass  # started without a spawner: nothing counts it
 
     def stop(self) -> int | None:
         with self._lock:

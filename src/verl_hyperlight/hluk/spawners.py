@@ -73,6 +73,7 @@ class _Spawned:
         self._ended = False  # the status pipe has ended
         self._lock = threading.Lock()  # stop's, as Popen's _waitpid_lock guards its wait
         self._stopped = False
+        self._counted = True  # among _running
         self._pending = b""
         _running.change(1)
 
@@ -85,6 +86,12 @@ class _Spawned:
             if self.stdin is not None and not self._stopped:
                 os.close(self.stdin)
                 self.stdin = None
+
+    def answered(self) -> None:
+        with self._lock:
+            if self._counted:
+                self._counted = False
+                _running.change(-1)
 
     def _read(self) -> None:
         """Read what the status pipe holds, to its end if it has ended."""
@@ -121,12 +128,14 @@ class _Spawned:
             if self._stopped:
                 return self.returncode
             self._stopped = True
-            _running.change(-1)
+            if self._counted:
+                self._counted = False
+                _running.change(-1)
             self._read()
             if self.pid and not self._ended:
-                # Waited for even when the runner's report is whole and hluk is on its way out:
-                # returning first would let a worker run more micro-VMs than max_concurrent
-                # for as long as the spawner takes to kill and reap this one.
+                # Waited for: a hluk is stopped once its case is over (or, its report whole,
+                # off its case's path by hluk/ending.py), and a stop that returned first would
+                # let a worker hold micro-VMs for as long as the spawner takes to reap them.
                 self.spawner.send(b"k\0%d" % self.pid)
                 if not self._await_status(SPAWNER_STOP_SECONDS):
                     self._kill_unanswered()

@@ -24,7 +24,7 @@ from .. import diagnosis
 from ..deadlines import Deadlines
 from ..guest import protocol
 from ..outcome import GUEST_EXIT, Ending, RawOutcome
-from . import spawn
+from . import ending, spawn
 from .console import READ_SIZE, Console
 
 # The console carries both streams base64-encoded, with framing; beyond this the guest is
@@ -125,10 +125,16 @@ def run_started(
     stderr = Tail(HLUK_STDERR_LIMIT)
     try:
         watched = watch(proc, Console(nonce), stderr, deadlines, cancel, began=began)
-    finally:
-        # Whatever ended the watch, nothing of this group outlives the call.
-        status = proc.stop()
-    return watched.outcome(path, status, stderr)
+    except BaseException:
+        proc.stop()
+        raise
+    if watched.stopped is None and watched.console.done and not watched.exited:
+        # The report is whole: the case is answered now, and hluk's teardown and exit are
+        # awaited off its path (killed past exit_grace).
+        ending.hand(proc, deadlines.exit_grace, path)
+        return watched.outcome(path, None, stderr)
+    # Whatever else ended the watch, nothing of this group outlives the call.
+    return watched.outcome(path, proc.stop(), stderr)
 
 
 class _Clock:
@@ -178,8 +184,6 @@ class _Clock:
             # The solution has ended: its clock stops, the copy-out has its own.
             self.ended_at, self.limit = now, deadlines.copy_out_budget(console.end.copied)
             self.at = now + self.limit
-        if console.done:
-            self.at = min(self.at, now + deadlines.exit_grace)
         if pipes.exited:
             self.at = min(self.at, now + deadlines.drain)
         elif not pipes.reading:
@@ -339,23 +343,19 @@ def watch(
     stderr: Tail,
     deadlines: Deadlines,
     cancel: threading.Event | None = None,
-    until_done: bool = False,
     request: bytes = b"",
     began: float | None = None,
 ) -> _Watched:
-    """Read hluk's console and stderr until the runner's report on `console` is done (and, but
-    `until_done`, hluk has exited), or a limit or `cancel` stops it (see run), writing
-    `request` to hluk's stdin meanwhile. `until_done` leaves a notebook's hluk running once its
-    report is whole."""
+    """Read hluk's console and stderr until the runner's report on `console` is done, or a
+    limit or `cancel` stops it (see run), writing `request` to hluk's stdin meanwhile. hluk is
+    left running: its caller ends it, or keeps it for a notebook's next call."""
     clock = _Clock(deadlines, began)
     pipes = _Pipes(proc, console, stderr, request)
-    stopped = _read_until_over(pipes, clock, cancel, until_done)
+    stopped = _read_until_over(pipes, clock, cancel)
     return _Watched(pipes, clock, stopped)
 
 
-def _read_until_over(
-    pipes: _Pipes, clock: _Clock, cancel: threading.Event | None, until_done: bool
-) -> Ending | None:
+def _read_until_over(pipes: _Pipes, clock: _Clock, cancel: threading.Event | None) -> Ending | None:
     """Read hluk's pipes until the watch is over; why it stops hluk, if it does."""
     console = pipes.console
     while pipes.reading or not pipes.exited:
@@ -374,8 +374,8 @@ def _read_until_over(
             wait = min(wait, CANCEL_POLL_SECONDS)
         output = pipes.read(wait)
         clock.follow(time.monotonic(), pipes, output)
-        if console.done and (until_done or not pipes.reading):
-            return None  # the whole report, and all hluk said: its exit adds nothing
+        if console.done:
+            return None  # the whole report: hluk's teardown and exit add nothing to it
         if console.total > CONSOLE_LIMIT and not console.done:
             return Ending.CONSOLE_LIMIT
         if console.refusal is not None:

@@ -1,0 +1,144 @@
+"""hluks whose runner's report is whole, awaited to their end off their cases' path.
+
+Once the report is whole the case is answered: what is left of hluk's run is its guest's
+teardown and its exit, which tell the case nothing. Each such hluk is handed here, where one
+thread of the process polls the exits of all of them: a hluk that exits is reaped (`stop`,
+which closes its descriptors), one still running `grace` seconds after its report is killed
+and reaped, its overrun logged once per process as an operator's matter (a hluk slow to tear
+its guest down holds a micro-VM's memory meanwhile). Nothing is polled while nothing is
+handed; `wait` ends them all (serve's stop, a worker's close).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import select
+import threading
+import time
+from dataclasses import dataclass
+
+from ..errors import CauseCounts
+from .spawn import Process
+
+logger = logging.getLogger("verl_hyperlight")
+
+# Said once per process: a hluk killed because it outlived its grace after a whole report.
+_overruns = CauseCounts()
+
+
+@dataclass
+class _Ending:
+    proc: Process
+    grace: float
+    deadline: float
+    path: str
+
+
+class _Enders:
+    """The hluks being ended, and the thread that polls their exits."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ending: dict[int, _Ending] = {}
+        self._changed = threading.Condition(self._lock)
+        # What wakes the thread for a hluk handed meanwhile: an eventfd (one descriptor, no
+        # pipe's buffer), made with the first hand-off.
+        self._wake = -1
+        self._thread: threading.Thread | None = None
+
+    def hand(self, proc: Process, grace: float, path: str) -> None:
+        """Have `proc` (its report whole) reaped once it exits, killed if it has not within
+        `grace` seconds."""
+        proc.answered()
+        with self._lock:
+            if self._wake < 0:
+                self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self._ending[proc.exit_fd] = _Ending(proc, grace, time.monotonic() + grace, path)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="verl-hyperlight-ender", daemon=True
+                )
+                self._thread.start()
+        os.eventfd_write(self._wake, 1)
+
+    def wait(self, seconds: float) -> bool:
+        """Wait for every hluk handed so far to be ended, at most `seconds`; whether they
+        were."""
+        deadline = time.monotonic() + seconds
+        with self._lock:
+            while self._ending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if not self._ending:
+                    self._thread = None
+                    return
+                ending = dict(self._ending)
+            poller = select.poll()
+            poller.register(self._wake, select.POLLIN)
+            for fd, one in ending.items():
+                poller.register(fd, one.proc.exit_events)
+            soonest = min(one.deadline for one in ending.values())
+            wait = max(0.0, soonest - time.monotonic())
+            exited = []
+            for fd, _ in poller.poll(math.ceil(wait * 1000)):
+                if fd == self._wake:
+                    try:
+                        os.eventfd_read(self._wake)
+                    except BlockingIOError:
+                        pass
+                elif ending[fd].proc.exited():
+                    exited.append(fd)
+            now = time.monotonic()
+            overdue = [fd for fd, one in ending.items() if fd not in exited and one.deadline <= now]
+            for fd in exited + overdue:
+                self._end(ending[fd], killed=fd in overdue)
+                with self._lock:
+                    del self._ending[fd]
+                    self._changed.notify_all()
+
+    @staticmethod
+    def _end(one: _Ending, killed: bool) -> None:
+        status = one.proc.stop()
+        if killed and _overruns.first("exit-grace"):
+            logger.warning(
+                "verl-hyperlight: %s had not ended %.0f s after its guest's report was whole "
+                "and was killed (its cases were answered at the report; a hluk slow to tear "
+                "its micro-VM down holds its memory meanwhile; said once per process)",
+                one.path,
+                one.grace,
+            )
+        elif status is not None and status < 0:
+            logger.debug(
+                "verl-hyperlight: %s ended by signal %d after its report", one.path, -status
+            )
+
+
+_enders = _Enders()
+
+
+def _forget_in_child() -> None:
+    """A forked worker ends its own hluks: the parent's are the parent's to end."""
+    global _enders
+    _enders = _Enders()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def hand(proc: Process, grace: float, path: str) -> None:
+    """See _Enders.hand."""
+    _enders.hand(proc, grace, path)
+
+
+def wait(seconds: float) -> bool:
+    """See _Enders.wait."""
+    return _enders.wait(seconds)
