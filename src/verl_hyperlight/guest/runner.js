@@ -381,13 +381,16 @@
     awaitCase(caseDir, nonce) {
       let pending = Buffer.alloc(0);
       const buffer = Buffer.alloc(4096);
+      const pause = new Int32Array(new SharedArrayBuffer(4));
       while (!pending.includes(10)) {
         let count;
         try {
           count = readSync.call(fs, 0, buffer, 0, buffer.length, null);
         } catch (error) {
-          if (error.code === "EAGAIN") continue;
-          throw error;
+          // A console made non-blocking: wait a millisecond (the vCPU halts), and read again.
+          if (error.code !== "EAGAIN") throw error;
+          Atomics.wait(pause, 0, 0, 1);
+          continue;
         }
         if (count === 0) return;
         pending = Buffer.concat([pending, buffer.subarray(0, count)]);
