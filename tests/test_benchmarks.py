@@ -98,3 +98,27 @@ def test_bench_versions_measures_both_checkouts_with_ready_guests_on_and_off(
     for now, base, ratio in rows.values():
         assert float(now) > 0 and float(base) > 0
         assert float(ratio) == pytest.approx(float(now) / float(base), abs=0.01)
+
+
+def test_bench_teardown_prints_each_teardown_with_both_sides_and_their_ratio(
+    tmp_path: Path,
+) -> None:
+    """bench_teardown.py: a row per teardown, run_code's p50 / p90 beside a bare spawn's and
+    their ratio (its figures are not judged: they are one noisy run's)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH.parent / "bench_teardown.py"),
+            *("--cases", "2", "--chunk", "1", "--teardowns", "0,0.05"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={key: value for key, value in os.environ.items() if not key.startswith("HLUK_")},
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["0ms", "50ms"], done.stdout
+    for row in rows:
+        ours, bare, ratio = float(row[1]), float(row[4]), float(row[7])
+        assert ratio == pytest.approx(ours / bare, abs=0.01)

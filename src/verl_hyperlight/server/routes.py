@@ -19,7 +19,7 @@ import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..case.compiled import LANGUAGES as COMPILED
+from ..case.compiled import LANGUAGES, TRANSPILED
 from ..case.response import sandbox_error
 from ..settings import BODY_READ_TIMEOUT
 from .middleware import ASGIApp, Receive, Scope, Send, answer, answer_json, header, render_json
@@ -111,9 +111,10 @@ async def _run_admitted(
         return
     refused = server.over_cap(request)
     if refused is None:
-        # A compiled language spends its compile_timeout compiling, in its slot: of what verl
-        # waits, only the margin is left for waiting for one.
-        spare = 0.0 if request.language in COMPILED else request.compile_timeout
+        # A compiled (or transpiled) language spends its compile_timeout compiling, in its
+        # slot: of what verl waits, only the margin is left for waiting for one.
+        built = request.language in LANGUAGES or request.language in TRANSPILED
+        spare = 0.0 if built else request.compile_timeout
         busy = place.enter() or await place.take_slot(spare)
         if busy is not None:
             await _busy(server, scope, send, busy)
