@@ -78,12 +78,15 @@ def ready_runs(host: Host) -> list[list[str]]:
 def ready_hluks(host: Host) -> list[int]:
     """The stand-in hluks waiting as ready guests of this test (their case directories are in
     its tmpfs): the hluk itself, not the bwrap and guest below it."""
-    return [
-        pid
-        for pid in processes_with(str(host.tmpfs))
-        if b".await_case(" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        and b"/standin/hluk\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
+    found = []
+    for pid in processes_with(str(host.tmpfs)):
+        try:  # a process may end between the listing and the read
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b".await_case(" in command and b"/standin/hluk\0" in command:
+            found.append(pid)
+    return found
 
 
 def waiting_for(count: int, memory: object = None) -> None:
