@@ -156,8 +156,9 @@ def test_a_guest_death_is_answered_when_hluk_exits_though_a_descendant_holds_its
     assert wait_for(lambda: not processes_with(marker)), processes_with(marker)
 
 
-# A hluk double that answers a case at once, then closes its pipes and lingers (as a hluk
-# tearing a micro-VM down does, for however long that takes), its pid in PID_FILE.
+# A hluk double that answers a case at once (its pid in PID_FILE before its report ends, when
+# the case is answered), then closes its pipes and lingers (as a hluk tearing a micro-VM down
+# does, for however long that takes).
 LINGERING_HLUK = """#!/bin/sh
 if [ "$1" = --version ]; then echo "hluk 0.19.0"; exit 0; fi
 for last; do :; done
@@ -167,8 +168,8 @@ case "$last" in
     "$nonce" "$nonce" "$nonce" ;;
   *) printf '\\r\\n%s start\\r\\n\\r\\n%s end 0 0.0001 - 3 0 -\\r\\n\\r\\n%s stdout b2sK\\r\\n' \\
     "$nonce" "$nonce" "$nonce"
-    printf '\\r\\n%s done\\r\\n' "$nonce"
     echo $$ >> "$PID_FILE"
+    printf '\\r\\n%s done\\r\\n' "$nonce"
     exec >&- 2>&-
     exec sleep 30 ;;
 esac
