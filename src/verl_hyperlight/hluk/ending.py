@@ -73,6 +73,10 @@ class _Enders:
                 if left <= 0:
                     return False
                 self._changed.wait(left)
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            # Its thread ends once nothing is left to end: gone too when this returns.
+            thread.join(max(0.0, deadline - time.monotonic()))
         return True
 
     def _loop(self) -> None:
