@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,8 +29,8 @@ from bench_run_code import (
     SOLUTION,
     STDIN,
     URL,
-    case_argv,
     percentile,
+    stand_in_directly,
     standin_environment,
 )
 
@@ -51,15 +50,6 @@ def through_run_code() -> float:
     return elapsed
 
 
-def bare_spawn(scratch: Path) -> float:
-    argv, nonce = case_argv(scratch / "case")
-    started = time.perf_counter()
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
-    elapsed = time.perf_counter() - started
-    assert done.returncode == 0 and nonce.encode() + b" done" in done.stdout, done.stderr
-    return elapsed
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=60, help="cases per side and teardown")
@@ -74,7 +64,7 @@ def main() -> int:
         os.environ.update(standin_environment(scratch))
         os.environ["VERL_HYPERLIGHT_READY_GUESTS"] = "0"
         through_run_code()  # the warm-up: the snapshot taken before either side is timed
-        bare_spawn(scratch)
+        stand_in_directly(scratch)
         print("answer at the report: trivial cases one after another, p50 / p90 in ms")
         print(f"{'teardown':>9} {'run_code':>17} {'bare spawn':>17} {'ratio p50':>10}")
         for teardown in teardowns:
@@ -83,7 +73,7 @@ def main() -> int:
             bare: list[float] = []
             while len(ours) < args.cases:
                 ours += [through_run_code() for _ in range(args.chunk)]
-                bare += [bare_spawn(scratch) for _ in range(args.chunk)]
+                bare += [stand_in_directly(scratch) for _ in range(args.chunk)]
             api.close()  # the hluks still tearing down, awaited outside the timings
             mine = (percentile(ours, 0.5) * 1000, percentile(ours, 0.9) * 1000)
             theirs = (percentile(bare, 0.5) * 1000, percentile(bare, 0.9) * 1000)
