@@ -357,7 +357,7 @@ def answer(
             failures.log.record("pytest-missing", str(exc), "its pytest cases score -1")
             return sandbox_error(str(exc))
         case = replace(case, guest=replace(case.guest, pytest_library=library))
-    if language in compiled.LANGUAGES or language in compiled.TRANSPILED:
+    if language in compiled.BUILT:
         return _built_case(case, language, to_compile, cancel)
     if timeout <= 0:
         return time_limit_exceeded()  # as the service answers it, at once

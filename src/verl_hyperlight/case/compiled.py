@@ -46,9 +46,11 @@ logger = logging.getLogger("verl_hyperlight")
 # Sandbox Fusion's languages compiled here, and the name Sandbox Fusion runs each program by.
 LANGUAGES = ("cpp", "go", "rust")
 PROGRAM_NAMES = {"cpp": "./test", "go": "./out", "rust": "./test"}
-# Languages transpiled here, in the same sandbox, to JavaScript that a guest of another
-# language's image runs: `typescript` to `nodejs` (hluk has no TypeScript runtime).
-TRANSPILED = {"typescript": "nodejs"}
+# Languages transpiled here, in the same sandbox, to JavaScript that the node image runs as
+# a `nodejs` case (hluk has no TypeScript runtime; guests.LANGUAGE_IMAGES gives it that image).
+TRANSPILED = ("typescript",)
+# Every language whose case is built on the host before it runs: compiled or transpiled.
+BUILT = (*LANGUAGES, *TRANSPILED)
 # What the transpiler of TypeScript runs: typescript's transpileModule, which checks no types
 # (as Sandbox Fusion's tsx, esbuild, checks none), to CommonJS with esModuleInterop (tsx's
 # `import util from 'util'` of a CommonJS module), its syntax errors as tsc words them.
@@ -425,6 +427,16 @@ def _rust() -> _Toolchain:
     return _Toolchain(source, argv, roots=(sysroot,))
 
 
+@functools.lru_cache(maxsize=4)
+def _npm_global_root(npm: str) -> str:
+    """npm's global root (`npm root -g`, a Node.js process of its own): asked once per npm, not
+    once per case."""
+    done = subprocess.run(
+        [npm, "root", "-g"], capture_output=True, text=True, check=False, timeout=60
+    )
+    return done.stdout.strip()
+
+
 def _typescript_package() -> str:
     """The directory of the npm package `typescript`: VERL_HYPERLIGHT_TYPESCRIPT, else in
     npm's global root."""
@@ -433,10 +445,7 @@ def _typescript_package() -> str:
         npm = shutil.which("npm")
         if npm is None:
             raise diagnosis.toolchain_missing("typescript", "typescript", "no npm to find it")
-        done = subprocess.run(
-            [npm, "root", "-g"], capture_output=True, text=True, check=False, timeout=60
-        )
-        chosen = os.path.join(done.stdout.strip(), "typescript")
+        chosen = os.path.join(_npm_global_root(npm), "typescript")
     package = os.path.realpath(chosen)
     if not os.path.isfile(os.path.join(package, "lib", "typescript.js")):
         raise diagnosis.toolchain_missing("typescript", "typescript", f"none at {package}")

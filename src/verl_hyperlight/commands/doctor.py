@@ -342,7 +342,7 @@ def _compilers() -> Iterator[Check]:
     """Whether `cpp`, `go` and `rust` cases can compile here, and `typescript` ones transpile:
     each one's toolchain, and the bubblewrap they compile in. A node without one still runs
     every other language."""
-    for language in (*compiled.LANGUAGES, *compiled.TRANSPILED):
+    for language in compiled.BUILT:
         try:
             found = compiled.check(language)
         except BackendError as exc:
@@ -357,9 +357,11 @@ def _language_images() -> Iterator[Check]:
     pulled into hluk's cache already, or on its first case, with the command that takes it
     ahead. Not started here: a node that never runs the language needs nothing of it."""
     rootfs = Path(settings.hluk_cache_directory()) / "rootfs"
-    # One line per image, named by the first language that runs in it.
-    images = {image: language for language, image in reversed(LANGUAGE_IMAGES.items())}
-    for image, language in reversed(images.items()):
+    said = set()
+    for language, image in LANGUAGE_IMAGES.items():
+        if image in said:
+            continue  # one line per image, named by the first language that runs in it
+        said.add(image)
         name = image.args[-1]
         pulled = [path for path in rootfs.rglob("*.cpio") if path.parent.name == name]
         command = f"verl-hyperlight warm-up --language {language}"

@@ -24,6 +24,7 @@ from typing import Any
 from .. import diagnosis, node
 from ..agent.notebook import Notebook, RemoteNotebook
 from ..case.api import run_code
+from ..case.guests import LANGUAGE_IMAGES
 from ..case.url import parse_url
 from ..errors import BackendError, InvalidRequest, Refused
 from ..guest import runner
@@ -180,8 +181,6 @@ LANGUAGE_PROGRAMS = {
 }
 LANGUAGE_STDIN = "19 23\n"
 LANGUAGE_ANSWER = ("Failed", 3, "42\n", "to stderr\n")
-# The languages' cases take the node image's default memory rather than Python's limit.
-LANGUAGE_MEMORY_LIMIT_MB: dict[str, int | None] = {"nodejs": None, "typescript": None}
 
 
 def language_check(url: str, language: str) -> doctor.Check:
@@ -190,7 +189,8 @@ def language_check(url: str, language: str) -> doctor.Check:
     language's toolchain is warned of (its other languages run), not failed."""
     name = f"{language} case"
     started = time.monotonic()
-    memory = LANGUAGE_MEMORY_LIMIT_MB.get(language, MEMORY_LIMIT_MB)
+    # A language with an image of its own takes that image's default memory, not Python's limit.
+    memory = None if language in LANGUAGE_IMAGES else MEMORY_LIMIT_MB
     response, error = run_code(
         url, LANGUAGE_PROGRAMS[language], LANGUAGE_STDIN, 60, 10, memory, language
     )

@@ -376,7 +376,7 @@ def _read_until_over(pipes: _Pipes, clock: _Clock, cancel: threading.Event | Non
         clock.follow(time.monotonic(), pipes, output)
         if console.done:
             return None  # the whole report: hluk's teardown and exit add nothing to it
-        if console.total > CONSOLE_LIMIT and not console.done:
+        if console.total > CONSOLE_LIMIT:
             return Ending.CONSOLE_LIMIT
         if console.refusal is not None:
             return None

@@ -19,7 +19,7 @@ import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..case.compiled import LANGUAGES, TRANSPILED
+from ..case.compiled import BUILT
 from ..case.response import sandbox_error
 from ..settings import BODY_READ_TIMEOUT
 from .middleware import ASGIApp, Receive, Scope, Send, answer, answer_json, header, render_json
@@ -113,8 +113,7 @@ async def _run_admitted(
     if refused is None:
         # A compiled (or transpiled) language spends its compile_timeout compiling, in its
         # slot: of what verl waits, only the margin is left for waiting for one.
-        built = request.language in LANGUAGES or request.language in TRANSPILED
-        spare = 0.0 if built else request.compile_timeout
+        spare = 0.0 if request.language in BUILT else request.compile_timeout
         busy = place.enter() or await place.take_slot(spare)
         if busy is not None:
             await _busy(server, scope, send, busy)
