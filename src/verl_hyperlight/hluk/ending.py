@@ -6,11 +6,13 @@ thread of the process polls the exits of all of them: a hluk that exits is reape
 which closes its descriptors), one still running `grace` seconds after its report is killed
 and reaped, its overrun logged once per process as an operator's matter (a hluk slow to tear
 its guest down holds a micro-VM's memory meanwhile). Nothing is polled while nothing is
-handed; `wait` ends them all (serve's stop, a worker's close).
+handed; `wait` ends them all (serve's stop, a worker's close), and a worker that exits kills
+and reaps those still ending.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -79,6 +81,14 @@ class _Enders:
             thread.join(max(0.0, deadline - time.monotonic()))
         return True
 
+    def end_now(self) -> None:
+        """Kill and reap every hluk still ending (a worker that exits leaves none behind, nor
+        to the kernel's pace of its process group's death)."""
+        with self._lock:
+            pending = list(self._ending.values())
+        for one in pending:
+            one.proc.stop()
+
     def _loop(self) -> None:
         while True:
             with self._lock:
@@ -127,6 +137,11 @@ class _Enders:
 
 
 _enders = _Enders()
+
+
+@atexit.register
+def _end_at_exit() -> None:
+    _enders.end_now()
 
 
 def _forget_in_child() -> None:
