@@ -254,15 +254,28 @@ def stand_in_directly(scratch: Path) -> float:
     return elapsed
 
 
-def helper_ticks() -> dict[int, int]:
-    """CPU clock ticks of this process's live child processes (its long-lived helpers)."""
-    ticks = {}
-    for task in Path("/proc/self/task").iterdir():
+def _children(pid: str) -> list[str]:
+    """The child processes of `pid` (of each of its threads)."""
+    found: list[str] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found  # it has just ended
+    for task in tasks:
         try:
-            children = (task / "children").read_text().split()
+            found += (task / "children").read_text().split()
         except OSError:
             continue  # a thread that has just ended
-        for pid in children:
+    return found
+
+
+def helper_ticks() -> dict[int, int]:
+    """CPU clock ticks of this process's long-lived helpers, live: its children and theirs
+    (the spawner and the cleaner are the grandchildren of this process, under a guard and a
+    parent that only wait for them), not the spawner's children (hluk)."""
+    ticks = {}
+    for child in _children("self"):
+        for pid in [child, *_children(child)]:
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:

@@ -17,6 +17,7 @@ import pytest
 from hostside import (
     Host,
     Usage,
+    children_of,
     descendants_of,
     left_running,
     processes_with,
@@ -68,9 +69,12 @@ time.sleep(600)
 """
 
 
+@pytest.mark.parametrize("children_first", [False, True], ids=["worker", "children-first"])
 def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
-    host: Host, tmp_path: Path, way: str
+    host: Host, tmp_path: Path, way: str, children_first: bool
 ) -> None:
+    """children-first: as Ray ends a worker (a force cancel, a worker it kills), its direct
+    children SIGKILLed first (CoreWorker::KillChildProcs), then the worker."""
     run("pass")  # the node is warm: the worker goes straight to its cases
     marker = uuid.uuid4().hex
     worker_tmp = tmp_path / f"worker-tmp-{marker}"
@@ -92,6 +96,9 @@ def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
         started = descendants_of(worker.pid)
         assert len(list(worker_tmp.iterdir())) == cases
     finally:
+        if children_first:
+            for child in children_of(worker.pid):
+                os.kill(child, signal.SIGKILL)
         worker.send_signal(signal.SIGKILL)
         worker.wait()
 

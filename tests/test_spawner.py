@@ -59,6 +59,13 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def spawner_pid(slot: int = 0) -> int:
+    """The spawner's own pid (the parent of its hluk; its guard is the worker's child)."""
+    spawner = _spawners._spawners[slot]
+    assert spawner.pid
+    return spawner.pid
+
+
+def guard_pid(slot: int = 0) -> int:
     spawner = _spawners._spawners[slot]
     assert spawner.process is not None
     return spawner.process.pid
@@ -71,8 +78,9 @@ def test_hluk_is_started_by_the_spawner_not_by_the_worker(host: Host, fresh: Non
     thread.start()
     try:
         assert wait_for(lambda: processes_with(marker))
-        spawner = spawner_pid()
-        assert spawner in children_of(os.getpid())
+        guard, spawner = guard_pid(), spawner_pid()
+        # The worker's child is the spawner's guard; the spawner, its child, starts hluk.
+        assert guard in children_of(os.getpid()) and children_of(guard) == {spawner}
         hluks = children_of(spawner)
         assert hluks and not hluks & children_of(os.getpid())
         assert all(os.getpgid(pid) == pid for pid in hluks)  # each in a group of its own
@@ -166,7 +174,7 @@ def test_a_spawner_started_by_a_thread_that_ends_outlives_it(host: Host, fresh: 
     thread.join()
     spawner = spawner_pid()
     assert result(run("print(2)"))[3] == "2\n"
-    assert spawner_pid() == spawner and spawner in children_of(os.getpid())
+    assert spawner_pid() == spawner and guard_pid() in children_of(os.getpid())
 
 
 def test_a_spawner_that_cannot_start_leaves_cases_to_the_next_way_with_one_warning(
@@ -332,7 +340,7 @@ def test_cases_one_at_a_time_use_one_spawner_and_many_at_once_take_more_in_turn(
         answers = list(pool.map(lambda _: run("import time\ntime.sleep(1)\nprint(6)"), range(12)))
     assert all(result(answer)[3] == "6\n" for answer in answers)
     assert sorted(_spawners._spawners) == [0, 1] and spawner_pid(0) != spawner_pid(1)
-    assert {spawner_pid(0), spawner_pid(1)} <= children_of(os.getpid())
+    assert {guard_pid(0), guard_pid(1)} <= children_of(os.getpid())
     assert wait_for(lambda: _spawners.in_use() == 1)  # every hluk stopped: counted down
 
 

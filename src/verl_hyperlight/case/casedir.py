@@ -51,10 +51,18 @@ class _Janitor:
     to a pipe whose reader waits in read() wakes it, which costs the case's thread more than
     the write (and the cleaner a read per record). A pipe's 64 KiB hold some 800 records, a
     50 ms nap's worth of 8000 cases a second; past that a case's report waits for the nap to
-    end."""
+    end.
+
+    The process the worker starts forks the cleaner and waits for it: Ray, ending a worker,
+    SIGKILLs the worker's direct children first (``CoreWorker::KillChildProcs``), which the
+    cleaner, a grandchild, outlives to hear the pipe end."""
 
     _CODE = (
         "import os, shutil, time\n"
+        "if child := os.fork():\n"
+        "    os.close(0)\n"
+        "    os.waitpid(child, 0)\n"
+        "    os._exit(0)\n"
         "live, rest = set(), b''\n"
         "while chunk := os.read(0, 65536):\n"
         "    *records, rest = (rest + chunk).split(b'\\0')\n"

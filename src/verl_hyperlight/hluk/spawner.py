@@ -4,11 +4,20 @@ A hluk must die with the reward worker that started it, however the worker dies.
 the worker, its parent-death signal costs either a fork of the worker (page tables of
 gigabytes copied, with the GIL held) or an extra exec of setpriv per case. This process is
 small and starts each hluk with posix_spawn (a vfork: nothing copied, no extra exec). It gets
-SIGTERM when the worker dies (its own parent-death signal, set once), and then, or when its
-socket ends, kills every hluk group it started and exits. It runs as a script,
-``python -I -S spawner.py WORKER_PID``: standard library only, single-threaded.
+SIGTERM when its guard dies, and then, or when its socket ends, kills every hluk group it
+started and exits. It runs as a script, ``python -I -S spawner.py WORKER_PID``: standard
+library only, single-threaded.
 
-Its stdin is a SOCK_SEQPACKET socket to the worker; its first message there is ``ready``.
+The process the worker starts is the spawner's guard, not the spawner: it forks the spawner
+and waits for it, exiting as it exits. The guard dies with the worker (its parent-death
+signal), and the spawner with the guard (its own). Ray, when it ends a worker
+(``CoreWorker::KillChildProcs``, on by default: ``RAY_kill_child_processes_on_worker_exit``),
+SIGKILLs the worker's direct children before the worker exits: a spawner that was one died
+without a word and left its hluk running until they ended by themselves. The guard takes
+that SIGKILL in its place, and the spawner, the worker's grandchild, hears of it.
+
+Its stdin is a SOCK_SEQPACKET socket to the worker; its first message there is ``ready PID``
+(the spawner's own pid, not its guard's).
 Each message from the worker is one request:
 
 - ``r\\0CWD\\0ARGC\\0ARG...\\0ENV...`` with three descriptors (hluk's stdout and stderr, and a
@@ -42,6 +51,7 @@ MESSAGE_LIMIT = 64 * 1024
 MAX_REQUEST = 64 * 1024 * 1024
 DESCRIPTORS = 3
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _tell(status: int, line: bytes) -> bool:
@@ -54,13 +64,13 @@ def _tell(status: int, line: bytes) -> bool:
 
 
 class Spawner:
-    def __init__(self, worker: int) -> None:
+    def __init__(self, guard: int) -> None:
         self.children: dict[int, int] = {}  # pid -> its status pipe
         self.listening: dict[int, int] = {}  # status pipe -> pid, while the case reads it
         self.cwd = b""  # the directory it is in, once it has chdir'd
         signal.signal(signal.SIGTERM, self.end)
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != worker:  # it died before the request took effect
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != guard:  # it died before the request took effect
             self.end()
         self.socket = socket.socket(fileno=0)
         self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -78,7 +88,7 @@ class Spawner:
         os._exit(0)
 
     def serve(self) -> None:
-        self.socket.send(b"ready")
+        self.socket.send(b"ready %d" % os.getpid())
         while True:
             events = self.poller.poll()
             # Status pipes whose reader has gone (registered for no event: only that error),
@@ -193,5 +203,28 @@ class Spawner:
                 os.close(status)
 
 
+def guard(worker: int) -> int:
+    """Fork the spawner; in the guard (this process), wait for it and exit as it did. Returns
+    the guard's pid, in the spawner only."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != worker:  # the worker died before the request took effect
+        os._exit(0)
+    me = os.getpid()
+    spawner = os.fork()
+    if spawner == 0:
+        return me
+    # Its copy of the socket closed: the spawner's end is the worker's only peer.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    _, wait_status = os.waitpid(spawner, 0)
+    code = os.waitstatus_to_exitcode(wait_status)
+    if code < 0:  # killed by a signal: the guard's status says the same
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(me, -code)
+        code = 128 - code  # a signal whose default is not to end a process, as a shell says
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    Spawner(int(sys.argv[1])).serve()
+    Spawner(guard(int(sys.argv[1]))).serve()

@@ -162,16 +162,15 @@ class _Spawned:
         """The spawner did not say it killed and reaped this hluk (it is stopped, or starved of
         CPU): its group is killed from here, while hluk is still the spawner's child, not reaped,
         so its id cannot have been reused."""
-        spawner = self.spawner.process
-        if spawner is not None and _parent_of(self.pid) == spawner.pid:
+        spawner = self.spawner.pid
+        if spawner and _parent_of(self.pid) == spawner:
             try:
                 os.killpg(self.pid, signal.SIGKILL)
             except OSError:
                 pass
         if worth_logging(_unanswered.count("spawner-unanswered")):
             logger.warning(
-                "verl-hyperlight: %s",
-                diagnosis.spawner_unanswered(spawner.pid if spawner else 0, SPAWNER_STOP_SECONDS),
+                "verl-hyperlight: %s", diagnosis.spawner_unanswered(spawner, SPAWNER_STOP_SECONDS)
             )
 
 
@@ -188,12 +187,15 @@ def _parent_of(pid: int) -> int:
 
 
 class _Spawner:
-    """This process's spawner (spawner.py), started by a thread that lives as long as it,
-    since the parent-death signal follows the thread that forked, not the process."""
+    """This process's spawner (spawner.py), whose guard (`process`, the child this process
+    started) is started by a thread that lives as long as it, since the parent-death signal
+    follows the thread that forked, not the process. `pid` is the spawner's own, the parent of
+    its hluk processes."""
 
     def __init__(self) -> None:
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.process: subprocess.Popen[bytes] | None = None
+        self.pid = 0
         self.alive = True
         # Set once its start is decided: an end before that is a start that failed (said by
         # the caller), never a death of a spawner that had started.
@@ -213,7 +215,10 @@ class _Spawner:
             poller = select.poll()
             poller.register(self.socket, select.POLLIN)
             ready = poller.poll(SPAWNER_START_SECONDS * 1000)
-            if not ready or self.socket.recv(16) != b"ready":
+            word, _, pid = self.socket.recv(32).partition(b" ") if ready else (b"", b"", b"")
+            if word == b"ready" and pid.isdigit():
+                self.pid = int(pid)
+            else:
                 self.alive = False
                 assert self.process is not None
                 self.process.kill()
@@ -247,7 +252,8 @@ class _Spawner:
         self._decided.wait()
         if self.alive:
             self.alive = False
-            logger.error("verl-hyperlight: %s", diagnosis.spawner_died(self.process.pid, status))
+            pid = self.pid or self.process.pid
+            logger.error("verl-hyperlight: %s", diagnosis.spawner_died(pid, status))
 
     def spawn(self, argv: list[str], cwd: str | None, env: dict[str, str], stdin: bool) -> _Spawned:
         """Ask for hluk to be started (with a pipe to its stdin if `stdin`); its pid (or why it
