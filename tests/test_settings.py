@@ -112,6 +112,15 @@ def test_hluks_environment_is_what_it_reads_and_what_the_operator_adds(
     monkeypatch.delenv("WRAPPER_MODE")
     assert _settings.hluk_environment()["OTHER_NAME"] == "added"
     assert "WRAPPER_MODE" not in _settings.hluk_environment()
+    # What was found is kept only while the environment is as it was: a value changed in
+    # place, by a name or a prefix, is seen at the next read, and a caller's change to the
+    # answer does not reach the next.
+    monkeypatch.setenv("WRAPPER_TOKEN", "changed")
+    monkeypatch.setenv("HLUK_REGISTRY", "other.example")
+    answer = _settings.hluk_environment()
+    assert answer["WRAPPER_TOKEN"] == "changed" and answer["HLUK_REGISTRY"] == "other.example"
+    answer["WRAPPER_TOKEN"] = "mutated"
+    assert _settings.hluk_environment()["WRAPPER_TOKEN"] == "changed"
 
 
 def test_the_environment_is_read_as_os_environ_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:

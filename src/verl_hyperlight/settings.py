@@ -578,12 +578,35 @@ def unknown_settings() -> dict[str, str | None]:
 
 def variables(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict[str, str]:
     """The environment's variables that `names` names or whose names start with one of
-    `prefixes`."""
-    environment = os.environ
-    found = {name: value for name in names if (value := environment.get(name)) is not None}
-    if prefixes:
-        found.update(item for item in environment.items() if item[0].startswith(prefixes))
-    return found
+    `prefixes`. Every case asks (hluk's environment), and a walk of os.environ decodes each
+    of its variables: what was found is kept with a copy of the environment it was found in
+    (os.environ's own bytes, on CPython), and found again only once that has changed."""
+    raw = getattr(os.environ, "_data", None)
+    if not isinstance(raw, dict):
+        found = {name: value for name in names if (value := os.environ.get(name)) is not None}
+        if prefixes:
+            found.update(item for item in os.environ.items() if item[0].startswith(prefixes))
+        return found
+    key = (names, prefixes)
+    seen = _variables_seen.get(key)
+    if seen is not None and seen[0] == raw:  # compared whole, in C
+        return dict(seen[1])
+    environment = dict(raw)
+    wanted = {os.fsencode(name) for name in names}
+    starts = tuple(map(os.fsencode, prefixes))
+    found = {
+        os.fsdecode(name): os.fsdecode(value)
+        for name, value in environment.items()
+        if name in wanted or (starts and name.startswith(starts))
+    }
+    _variables_seen[key] = (environment, found)
+    return dict(found)
+
+
+# What `variables` found, by its arguments, with the environment it found it in.
+_variables_seen: dict[
+    tuple[tuple[str, ...], tuple[str, ...]], tuple[dict[Any, Any], dict[str, str]]
+] = {}
 
 
 _TO_HLUK = tuple(passed.name for passed in PASSED if passed.to_hluk)
