@@ -8,6 +8,7 @@ HLUK_STANDIN_EXIT_LOG says which hluks exited of themselves (a killed one writes
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,22 @@ def test_a_notebook_keeps_its_hluk_between_calls(host: Host, slow_teardown: Path
         notebook.close()
     assert first is not None and first["status"] == "Success"
     assert second is not None and second["run_result"]["stdout"] == "42\n"
+
+
+def test_cases_back_to_back_share_one_ender_thread_which_ends_with_nothing_to_end(
+    host: Host,
+) -> None:
+    def enders() -> set[threading.Thread]:  # the objects: a new thread may reuse an ident
+        return {t for t in threading.enumerate() if t.name == "verl-hyperlight-ender"}
+
+    seen: set[threading.Thread] = set()
+    for i in range(5):
+        assert result(run(f"print({i})"))[3] == f"{i}\n"
+        seen |= enders()
+    # One thread took every hand-off, lingering between cases rather than started for each.
+    assert len(seen) == 1, seen
+    assert ending.wait(30)  # each hluk ended, and the thread with them, told not to linger
+    assert enders() == set()
+    thread = next(iter(seen))
+    assert result(run("print(5)"))[3] == "5\n"  # the next hand-off starts another
+    assert enders() and thread not in enders()

@@ -122,3 +122,32 @@ def test_bench_teardown_prints_each_teardown_with_both_sides_and_their_ratio(
     for row in rows:
         ours, bare, ratio = float(row[1]), float(row[4]), float(row[7])
         assert ratio == pytest.approx(ours / bare, abs=0.01)
+
+
+def test_bench_host_cpu_prints_each_side_and_the_ratios_to_the_bare_spawn() -> None:
+    """bench_host_cpu.py: run_code (ready guests off and on) and the bare spawn, each with
+    the worker's and the helpers' CPU and switches, and each ratio to the bare spawn (its
+    figures are not judged: they are one noisy run's)."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH.parent / "bench_host_cpu.py"), "--cases", "4"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={key: value for key, value in os.environ.items() if not key.startswith("HLUK_")},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    table = {line[:32].strip(): line[32:].split() for line in lines[2:5]}
+    assert list(table) == [
+        "run_code, ready guests off",
+        "run_code, ready guests on",
+        "bare subprocess.run",
+    ]
+    totals = {label: float(row[4]) for label, row in table.items()}
+    for row in table.values():
+        assert float(row[4]) == pytest.approx(float(row[0]) + float(row[2]), abs=0.002)
+    ratios = [line for line in lines[5:] if line.startswith("ratio ")]
+    assert len(ratios) == 2
+    for line, label in zip(ratios, list(table)[:2], strict=True):
+        ratio = float(line.split(": ")[1].split()[0])
+        assert ratio == pytest.approx(totals[label] / totals["bare subprocess.run"], rel=0.02)

@@ -5,9 +5,11 @@ teardown and its exit, which tell the case nothing. Each such hluk is handed her
 thread of the process polls the exits of all of them: a hluk that exits is reaped (`stop`,
 which closes its descriptors), one still running `grace` seconds after its report is killed
 and reaped, its overrun logged once per process as an operator's matter (a hluk slow to tear
-its guest down holds a micro-VM's memory meanwhile). Nothing is polled while nothing is
-handed; `wait` ends them all (serve's stop, a worker's close), and a worker that exits kills
-and reaps those still ending.
+its guest down holds a micro-VM's memory meanwhile). Once nothing is left to end, the thread
+waits LINGER_SECONDS for the next hand-off before it ends, so that cases back to back do not
+each start one (a thread's start is a tenth of a case's host CPU); nothing is polled then
+but the one wake-up descriptor. `wait` ends them all, and the thread (serve's stop, a
+worker's close), and a worker that exits kills and reaps those still ending.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ logger = logging.getLogger("verl_hyperlight")
 
 # Said once per process: a hluk killed because it outlived its grace after a whole report.
 _overruns = CauseCounts()
+# How long the thread, with nothing left to end, waits for the next hand-off before it ends.
+LINGER_SECONDS = 1.0
 
 
 @dataclass
@@ -49,6 +53,7 @@ class _Enders:
         # pipe's buffer), made with the first hand-off.
         self._wake = -1
         self._thread: threading.Thread | None = None
+        self._leave = False  # `wait` asks the thread to end once nothing is left to end
 
     def hand(self, proc: Process, grace: float, path: str) -> None:
         """Have `proc` (its report whole) reaped once it exits, killed if it has not within
@@ -58,6 +63,7 @@ class _Enders:
             if self._wake < 0:
                 self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self._ending[proc.exit_fd] = _Ending(proc, grace, time.monotonic() + grace, path)
+            self._leave = False
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._loop, name="verl-hyperlight-ender", daemon=True
@@ -76,8 +82,10 @@ class _Enders:
                     return False
                 self._changed.wait(left)
             thread = self._thread
+            self._leave = True
         if thread is not None and thread is not threading.current_thread():
-            # Its thread ends once nothing is left to end: gone too when this returns.
+            # Its thread ends now that nothing is left to end: gone too when this returns.
+            os.eventfd_write(self._wake, 1)
             thread.join(max(0.0, deadline - time.monotonic()))
         return True
 
@@ -92,10 +100,11 @@ class _Enders:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                if not self._ending:
-                    self._thread = None
-                    return
                 ending = dict(self._ending)
+            if not ending:
+                if self._idle():
+                    continue  # a hand-off came
+                return
             poller = select.poll()
             poller.register(self._wake, select.POLLIN)
             for fd, one in ending.items():
@@ -118,6 +127,20 @@ class _Enders:
                 with self._lock:
                     del self._ending[fd]
                     self._changed.notify_all()
+
+    def _idle(self) -> bool:
+        """With nothing to end, wait up to LINGER_SECONDS for a hand-off (or for `wait`'s
+        word); whether the loop goes on. When it does not, the thread has given up its part
+        (`_thread` unset): the next hand-off starts another."""
+        if not self._leave:
+            poller = select.poll()
+            poller.register(self._wake, select.POLLIN)
+            poller.poll(math.ceil(LINGER_SECONDS * 1000))  # the loop's poll reads the wake
+        with self._lock:
+            if self._ending:
+                return True
+            self._thread = None
+            return False
 
     @staticmethod
     def _end(one: _Ending, killed: bool) -> None:

@@ -1,0 +1,122 @@
+"""The host CPU of a trivial case on the stand-in hluk: run_code against a bare spawn, in one run.
+
+In one worker (this process), trivial cases back to back through run_code on the stand-in
+hluk (tests/standin, in bubblewrap), with ready guests off and on, then the same number of
+bare `subprocess.run` of the stand-in with a case's argv from the same worker, which is what
+a user's worker would write without run_code. For each: the CPU per case of the worker (all
+its threads) and of its long-lived helpers (the spawner, the cleaner, and what only waits for
+them), hluk and its guest not counted; the context switches per case of each, since a
+thread's sleep and wake-up is what costs most here (a nested VM's timer and IPI exits); and
+the ratio of the total to the bare spawn's.
+
+Usage: python benchmarks/bench_host_cpu.py [--cases N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_run_code import _children, case_argv, standin_environment
+
+ROOT = Path(__file__).resolve().parent.parent
+READY_ENV = "VERL_HYPERLIGHT_READY_GUESTS"
+
+
+def helpers() -> dict[int, tuple[int, int]]:
+    """This process's helpers, live, by pid: (CPU ns, context switches)."""
+    found = {}
+    for child in _children("self"):
+        for pid in [child, *_children(child)]:
+            try:
+                cpu = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            switches = sum(
+                int(line.split()[1]) for line in status.splitlines() if "ctxt_switches" in line
+            )
+            found[int(pid)] = (cpu, switches)
+    return found
+
+
+def own() -> tuple[float, int]:
+    """This process's CPU seconds and context switches (all its threads, ended ones too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, usage.ru_nvcsw + usage.ru_nivcsw
+
+
+def measured(task: object, cases: int) -> tuple[float, float, float, float]:
+    """CPU ms and switches per case of this process and of its helpers over `cases` runs."""
+    assert callable(task)
+    before_helpers, (cpu, switches) = helpers(), own()
+    for _ in range(cases):
+        task()
+    time.sleep(0.5)  # what a case leaves to its helpers and to the ender is done
+    after_cpu, after_switches = own()
+    after_helpers = helpers()
+    common = [pid for pid in after_helpers if pid in before_helpers]
+    helper_cpu = sum(after_helpers[p][0] - before_helpers[p][0] for p in common) / 1e6
+    helper_switches = sum(after_helpers[p][1] - before_helpers[p][1] for p in common)
+    return (
+        (after_cpu - cpu) * 1000 / cases,
+        (after_switches - switches) / cases,
+        helper_cpu / cases,
+        helper_switches / cases,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=200, help="cases per figure")
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="verl-hyperlight-host-cpu-"))
+    os.environ.update(standin_environment(scratch))
+    from verl_hyperlight import run_code
+    from verl_hyperlight.hluk import ending
+
+    def case() -> None:
+        response, error = run_code("hyperlight://", "print(1)", "", None, 10, 1024)
+        assert error is None and response is not None and response["status"] == "Success"
+
+    argv, nonce = case_argv(scratch / "case")
+
+    def bare() -> None:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
+        assert done.returncode == 0 and nonce.encode() in done.stdout, done.stderr
+
+    print(f"{args.cases} trivial cases each, stand-in hluk; CPU ms and context switches per case")
+    print(f"{'':32} {'worker':>8} {'switches':>8} {'helpers':>8} {'switches':>8} {'total':>7}")
+    figures = {}
+    for label, ready in [
+        ("run_code, ready guests off", "0"),
+        ("run_code, ready guests on", "2"),
+        ("bare subprocess.run", ""),
+    ]:
+        task = bare if not ready else case
+        if ready:
+            os.environ[READY_ENV] = ready
+        for _ in range(10):  # warm: the snapshot, the spawner, the cleaner, ready guests
+            task()
+        ending.wait(30)
+        worker, worker_switches, helper, helper_switches = measured(task, args.cases)
+        figures[label] = worker + helper
+        print(
+            f"{label:32} {worker:8.3f} {worker_switches:8.1f} {helper:8.3f} "
+            f"{helper_switches:8.1f} {worker + helper:7.3f}"
+        )
+    base = figures["bare subprocess.run"]
+    for label, total in figures.items():
+        if label.startswith("run_code"):
+            print(f"ratio {label} / bare: {total / base:.2f} (+{total - base:.3f} ms)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
