@@ -267,3 +267,29 @@ def test_cases_run_in_a_worker_holding_more_than_1024_descriptors(host: Host, wa
     before, after = found["helpers"]
     assert before == after  # the spawners and the cleaner, none added or lost
     assert wait_for(lambda: not processes_with(str(host.tmpdir)))
+
+
+def test_cases_tell_the_cleaner_nothing_once_their_root_is_known(host: Host) -> None:
+    """The cleaner of case directories is woken by no case: the worker's directories are
+    named with its token, and a root is told once (each record would wake it)."""
+    from verl_hyperlight.case import casedir
+
+    assert result(run("print(0)"))[3] == "0\n"
+    process = casedir._janitor._process
+    assert process is not None
+    # The cleaner is the child of the process the worker started, which only waits for it.
+    (cleaner,) = children_of(process.pid)
+
+    def switches() -> int:
+        status = Path(f"/proc/{cleaner}/status").read_text()
+        return sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches" in line)
+
+    before = switches()
+    for i in range(5):
+        assert result(run(f"print({i})"))[3] == f"{i}\n"
+    assert switches() == before
+    made = casedir.make_empty()  # named as the cleaner will find it, with the worker's token
+    try:
+        assert os.path.basename(made.path).startswith(casedir._janitor.prefix)
+    finally:
+        made.remove()

@@ -42,55 +42,63 @@ class _Janitor:
     run_code removes each case directory when the case ends, but a worker killed mid-case
     (SIGKILL, the OOM killer) cannot; its hluk processes die with it, its directories (each
     holding a solution and up to 256 MiB of stdin) would stay behind. So a child process,
-    started with the first case, is told of each directory through a pipe, and removes the
-    ones still listed when the pipe ends: when this process has gone, however it went. The
-    pipe is per-process state, set once under a lock; writes of one short record are atomic,
-    so cases need no lock to report.
+    started with the first case, holds a pipe from this process and, once the pipe ends
+    (this process has gone, however it went), removes every directory of this process's
+    still in the roots it was told of. A case tells it nothing: this process's directories
+    are named with a token of its own (`prefix`), and a root is told once, the first time a
+    case directory is made there. Each record wrote to the pipe would wake the cleaner, which
+    costs a case's thread more than the write and the cleaner a read: a tenth of a trivial
+    case's host CPU, for a list the names already make. The token and the told roots are
+    per-process state, set under a lock; a forked child has a cleaner and a token of its own.
 
-    After each read the cleaner sleeps a little, letting records gather in the pipe: a write
-    to a pipe whose reader waits in read() wakes it, which costs the case's thread more than
-    the write (and the cleaner a read per record). A pipe's 64 KiB hold some 800 records, a
-    50 ms nap's worth of 8000 cases a second; past that a case's report waits for the nap to
-    end.
-
-    The process the worker starts forks the cleaner and waits for it: Ray, ending a worker,
+    The process this one starts forks the cleaner and waits for it: Ray, ending a worker,
     SIGKILLs the worker's direct children first (``CoreWorker::KillChildProcs``), which the
     cleaner, a grandchild, outlives to hear the pipe end."""
 
     _CODE = (
-        "import os, shutil, time\n"
+        "import os, shutil, sys\n"
         "if child := os.fork():\n"
         "    os.close(0)\n"
         "    os.waitpid(child, 0)\n"
         "    os._exit(0)\n"
-        "live, rest = set(), b''\n"
+        "prefix, roots, rest = os.fsencode(sys.argv[1]), set(), b''\n"
         "while chunk := os.read(0, 65536):\n"
         "    *records, rest = (rest + chunk).split(b'\\0')\n"
-        "    for record in records:\n"
-        "        (live.add if record[:1] == b'+' else live.discard)(record[1:])\n"
-        "    time.sleep(0.05)\n"
-        "for path in live:\n"
-        "    shutil.rmtree(path, ignore_errors=True)\n"
+        "    roots.update(records)\n"
+        "for root in roots:\n"
+        "    try:\n"
+        "        names = os.listdir(root)\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    for name in names:\n"
+        "        if name.startswith(prefix):\n"
+        "            shutil.rmtree(os.path.join(root, name), ignore_errors=True)\n"
     )
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._started = False
         self._process: subprocess.Popen[bytes] | None = None  # kept: its pipe must stay open
+        self._roots: set[str] = set()
+        # What this process's case directories' names start with.
+        self.prefix = f"verl-hyperlight-{secrets.token_hex(8)}-"
 
-    def tell(self, sign: bytes, directory: str) -> None:
-        """Report a case directory made (b"+") or removed (b"-")."""
-        if not self._started:
-            with self._lock:
-                if not self._started:
-                    self._process = self._start()
-                    self._started = True
-        if self._process is None or self._process.stdin is None:
+    def watch(self, root: str) -> None:
+        """Have the cleaner remove this process's directories in `root`: told once per root."""
+        if root in self._roots:
             return
-        try:
-            os.write(self._process.stdin.fileno(), sign + os.fsencode(directory) + b"\0")
-        except (OSError, ValueError):
-            pass  # the cleaner is gone: cases still remove their own directories
+        with self._lock:
+            if root in self._roots:
+                return
+            if not self._started:
+                self._process = self._start()
+                self._started = True
+            if self._process is not None and self._process.stdin is not None:
+                try:
+                    os.write(self._process.stdin.fileno(), os.fsencode(root) + b"\0")
+                except (OSError, ValueError):
+                    pass  # the cleaner is gone: cases still remove their own directories
+            self._roots.add(root)
 
     def _start(self) -> subprocess.Popen[bytes] | None:
         null = -1
@@ -99,7 +107,7 @@ class _Janitor:
             # made when its DEVNULL cannot be opened after it (EMFILE).
             null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
             return subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", self._CODE],
+                [sys.executable, "-I", "-S", "-c", self._CODE, self.prefix],
                 stdin=subprocess.PIPE,
                 stdout=null,
                 stderr=null,
@@ -117,6 +125,16 @@ class _Janitor:
 
 
 _janitor = _Janitor()
+
+
+def _forget_in_child() -> None:
+    """A forked worker names its directories with a token of its own, and has them removed
+    by a cleaner of its own (its parent's removes the parent's when the parent is gone)."""
+    global _janitor
+    _janitor = _Janitor()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class _Warnings(CauseCounts):
@@ -183,7 +201,6 @@ class CaseDir:
     def remove(self) -> None:
         """Remove the directory and the files written in it."""
         _remove_case(self.path, self.names)
-        _janitor.tell(b"-", self.path)
 
 
 def make(files: list[tuple[str, bytes]]) -> CaseDir:
@@ -277,12 +294,12 @@ def _make_in(root: str, files: list[tuple[str, bytes]]) -> CaseDir:
     cannot be made or written."""
     # As mkdtemp makes one, less its name's eight random.choice calls: 64 random bits do not
     # collide.
+    _janitor.watch(root)  # before the directory is made: a death after leaves none behind
     made = CaseDir(
-        os.path.join(root, "verl-hyperlight-" + secrets.token_hex(8)),
+        os.path.join(root, _janitor.prefix + secrets.token_hex(8)),
         tuple(name for name, _ in files),
     )
     os.mkdir(made.path, 0o700)
-    _janitor.tell(b"+", made.path)
     try:
         _write_case(made.path, files)
     except OSError:

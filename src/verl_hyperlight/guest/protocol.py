@@ -54,6 +54,10 @@ OUTPUT_LIMIT_STATUS = 153
 # Output bytes per frame: its base64 line (44 KiB) fits one hluk host call (64 KiB), so each
 # frame is one console write, and the host never holds more than a frame of undecoded text.
 CHUNK = 32 * 1024
+# What one console write of the report carries at most: one hluk host call. The report's
+# frames (its end, the outputs' frames, done) go out together up to it, so that the host,
+# woken once per write, is woken once for a small case's whole report, not once per frame.
+CONSOLE_WRITE = 64 * 1024
 # What a request may move through files, decoded: in, all its files together; out, all the
 # fetched files together (one past it, and those after it, are left out); and how many of each.
 FILES_IN_LIMIT = 32 * 1024 * 1024

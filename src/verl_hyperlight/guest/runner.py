@@ -108,6 +108,7 @@ _setrecursionlimit = sys.setrecursionlimit
 _getrecursionlimit = sys.getrecursionlimit
 _start_new_thread = _thread.start_new_thread
 _getpid = os.getpid
+_bytearray = bytearray
 _kill = os.kill
 _pthread_kill = signal.pthread_kill
 _raise_signal = signal.raise_signal
@@ -207,9 +208,21 @@ class _Case:
         self.finalizing = False
         # The functions the runner replaced for the solution, with their originals.
         self.replaced: list[tuple[object, str, object]] = []
+        # The report's frames not yet written, while it is being made (see CONSOLE_WRITE).
+        self.batch: bytearray | None = None
 
     def frame(self, kind: bytes, *fields: bytes) -> None:
-        view = memoryview(protocol.frame(self.nonce, kind, *fields))
+        data = protocol.frame(self.nonce, kind, *fields)
+        if self.batch is None:
+            self.write_console(data)
+            return
+        if len(self.batch) + len(data) > protocol.CONSOLE_WRITE:
+            self.write_console(self.batch)
+            self.batch.clear()
+        self.batch += data
+
+    def write_console(self, data: bytes | bytearray) -> None:
+        view = memoryview(data)
         while view:
             view = view[_os_write(self.console, view) :]
 
@@ -264,6 +277,7 @@ class _Case:
             fetched = self.open_fetched()
             files = tuple(size for _, size in fetched)
             end = protocol.End(status, elapsed, limit_hit, (kept[0], kept[1]), files)
+            self.batch = _bytearray()
             self.frame(protocol.END, *protocol.end_fields(end))
             for (name, output), size in zip(self.outputs.items(), kept, strict=True):
                 self.copy_out(name.encode("ascii"), output, size)
@@ -271,6 +285,8 @@ class _Case:
                 if fetch is not None:
                     self.copy_out(protocol.FILE, fetch, size, b"%d" % index)
             self.frame(protocol.DONE, *([protocol.LAST] if last else []))
+            self.write_console(self.batch)
+            self.batch = None
         except BaseException:
             # The solution broke what the report needs (closed the console or the output
             # files): the guest ends here, and the host answers the run as its failure.
