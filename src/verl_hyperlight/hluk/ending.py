@@ -2,14 +2,15 @@
 
 Once the report is whole the case is answered: what is left of hluk's run is its guest's
 teardown and its exit, which tell the case nothing. Each such hluk is handed here, where one
-thread of the process polls the exits of all of them: a hluk that exits is reaped (`stop`,
-which closes its descriptors), one still running `grace` seconds after its report is killed
-and reaped, its overrun logged once per process as an operator's matter (a hluk slow to tear
-its guest down holds a micro-VM's memory meanwhile). Once nothing is left to end, the thread
-waits LINGER_SECONDS for the next hand-off before it ends, so that cases back to back do not
-each start one (a thread's start is a tenth of a case's host CPU); nothing is polled then
-but the one wake-up descriptor. `wait` ends them all, and the thread (serve's stop, a
-worker's close), and a worker that exits kills and reaps those still ending.
+thread of the process awaits the exits of all of them (an epoll set, which a hand-off joins
+without waking the thread): a hluk that exits is reaped (`stop`, which closes its
+descriptors), one still running `grace` seconds after its report is killed and reaped, its
+overrun logged once per process as an operator's matter (a hluk slow to tear its guest down
+holds a micro-VM's memory meanwhile). Once nothing is left to end, the thread waits
+LINGER_SECONDS for the next hand-off before it ends, so that cases back to back do not each
+start one (a thread's start is a tenth of a case's host CPU). `wait` ends them all, and the
+thread (serve's stop, a worker's close), and a worker that exits kills and reaps those still
+ending.
 """
 
 from __future__ import annotations
@@ -43,33 +44,44 @@ class _Ending:
 
 
 class _Enders:
-    """The hluks being ended, and the thread that polls their exits."""
+    """The hluks being ended, and the thread that awaits their exits: their exit descriptors
+    are in an epoll set, to which a hand-off adds one without waking the thread (it is woken
+    only when the new hluk's deadline comes before the end of its wait)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ending: dict[int, _Ending] = {}
         self._changed = threading.Condition(self._lock)
-        # What wakes the thread for a hluk handed meanwhile: an eventfd (one descriptor, no
-        # pipe's buffer), made with the first hand-off.
+        # Made with the first hand-off: the epoll set, and what wakes the thread in it (an
+        # eventfd: one descriptor, no pipe's buffer).
+        self._epoll: select.epoll | None = None
         self._wake = -1
         self._thread: threading.Thread | None = None
         self._leave = False  # `wait` asks the thread to end once nothing is left to end
+        self._wakes_at = math.inf  # when the thread's wait ends, while it waits
 
     def hand(self, proc: Process, grace: float, path: str) -> None:
         """Have `proc` (its report whole) reaped once it exits, killed if it has not within
         `grace` seconds."""
         proc.answered()
+        deadline = time.monotonic() + grace
         with self._lock:
-            if self._wake < 0:
+            if self._epoll is None:
                 self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self._ending[proc.exit_fd] = _Ending(proc, grace, time.monotonic() + grace, path)
+                self._epoll = select.epoll()
+                self._epoll.register(self._wake, select.EPOLLIN)
+            self._ending[proc.exit_fd] = _Ending(proc, grace, deadline, path)
+            self._epoll.register(proc.exit_fd, proc.exit_events)
             self._leave = False
+            wake = deadline < self._wakes_at
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._loop, name="verl-hyperlight-ender", daemon=True
                 )
                 self._thread.start()
-        os.eventfd_write(self._wake, 1)
+                wake = False
+        if wake:
+            os.eventfd_write(self._wake, 1)
 
     def wait(self, seconds: float) -> bool:
         """Wait for every hluk handed so far to be ended, at most `seconds`; whether they
@@ -98,49 +110,55 @@ class _Enders:
             one.proc.stop()
 
     def _loop(self) -> None:
+        assert self._epoll is not None
+        epoll = self._epoll
         while True:
+            now = time.monotonic()
             with self._lock:
-                ending = dict(self._ending)
-            if not ending:
-                if self._idle():
-                    continue  # a hand-off came
-                return
-            poller = select.poll()
-            poller.register(self._wake, select.POLLIN)
-            for fd, one in ending.items():
-                poller.register(fd, one.proc.exit_events)
-            soonest = min(one.deadline for one in ending.values())
-            wait = max(0.0, soonest - time.monotonic())
+                if self._ending:
+                    self._wakes_at = min(one.deadline for one in self._ending.values())
+                elif self._leave:
+                    self._thread, self._wakes_at = None, math.inf
+                    return
+                else:  # lingering: a hand-off within LINGER_SECONDS keeps the thread
+                    self._wakes_at = now + LINGER_SECONDS
+                wait = max(0.0, self._wakes_at - now)
+                lingering = not self._ending
+            events = epoll.poll(wait)
+            with self._lock:
+                self._wakes_at = -math.inf  # a hand-off now finds it awake
+                if lingering and not self._ending and not events:
+                    self._thread, self._wakes_at = None, math.inf
+                    return
             exited = []
-            for fd, _ in poller.poll(math.ceil(wait * 1000)):
+            for fd, _ in events:
                 if fd == self._wake:
                     try:
                         os.eventfd_read(self._wake)
                     except BlockingIOError:
                         pass
-                elif ending[fd].proc.exited():
+                    continue
+                with self._lock:
+                    one = self._ending.get(fd)
+                if one is not None and one.proc.exited():
                     exited.append(fd)
             now = time.monotonic()
-            overdue = [fd for fd, one in ending.items() if fd not in exited and one.deadline <= now]
-            for fd in exited + overdue:
-                self._end(ending[fd], killed=fd in overdue)
+            with self._lock:
+                overdue = [
+                    fd
+                    for fd, one in self._ending.items()
+                    if fd not in exited and one.deadline <= now
+                ]
+                done = [(fd, self._ending[fd]) for fd in exited + overdue]
+            for fd, one in done:
+                try:  # before its descriptor is closed and its number reused
+                    epoll.unregister(fd)
+                except OSError:
+                    pass  # closed already: end_now stopped it as the worker exits
+                self._end(one, killed=fd in overdue)
                 with self._lock:
                     del self._ending[fd]
                     self._changed.notify_all()
-
-    def _idle(self) -> bool:
-        """With nothing to end, wait up to LINGER_SECONDS for a hand-off (or for `wait`'s
-        word); whether the loop goes on. When it does not, the thread has given up its part
-        (`_thread` unset): the next hand-off starts another."""
-        if not self._leave:
-            poller = select.poll()
-            poller.register(self._wake, select.POLLIN)
-            poller.poll(math.ceil(LINGER_SECONDS * 1000))  # the loop's poll reads the wake
-        with self._lock:
-            if self._ending:
-                return True
-            self._thread = None
-            return False
 
     @staticmethod
     def _end(one: _Ending, killed: bool) -> None:
