@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,11 @@ GIB = 1024**3
 
 @pytest.fixture
 def cgroup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A container's cgroup directory, empty: no limit until a test writes one."""
+    """A container's cgroup directory, empty: no limit until a test writes one; the memory
+    read again at each ask (but in the test of how long a reading is kept)."""
     monkeypatch.setattr(node, "CGROUP", str(tmp_path))
+    monkeypatch.setattr(node, "MEMORY_SECONDS", 0.0)
+    monkeypatch.setattr(node, "_memory_seen", (-math.inf, 0))
     return tmp_path
 
 
@@ -82,3 +87,17 @@ def test_available_memory_is_the_kernels_word(
     assert node.available_mb() == 512
     meminfo.write_text("MemTotal: 1000000 kB\n")  # an old kernel: it does not say
     assert node.available_mb() is None
+
+
+def test_the_memory_read_is_kept_a_few_seconds_then_read_again(
+    cgroup: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every case asks for the node's memory: a reading is kept MEMORY_SECONDS, and a limit
+    changed meanwhile (`docker update`) is seen once that has passed."""
+    monkeypatch.setattr(node, "MEMORY_SECONDS", 0.5)
+    (cgroup / "memory.max").write_text(f"{2 * GIB}\n")
+    assert node.memory_mb() == 2048
+    (cgroup / "memory.max").write_text(f"{4 * GIB}\n")
+    assert node.memory_mb() == 2048
+    time.sleep(0.6)
+    assert node.memory_mb() == 4096

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 MIB = 1024 * 1024
 CASE_SHARE = 1 / 2
@@ -58,11 +59,26 @@ def _cpu_quota() -> float | None:
     return None  # -1: no quota
 
 
+# How long the node's memory, as read, is taken as still true: every case asks (the largest
+# limit it may ask for), and a container's limit is two files to read; a limit changed
+# (`docker update`) is seen within this.
+MEMORY_SECONDS = 5.0
+_memory_seen = (-math.inf, 0)  # (read at, MiB)
+
+
 def memory_mb() -> int:
-    """This node's memory, MiB: the machine's, or a container's limit when that is less."""
+    """This node's memory, MiB: the machine's, or a container's limit when that is less (as
+    read within MEMORY_SECONDS)."""
+    global _memory_seen
+    now = time.monotonic()
+    read_at, found = _memory_seen
+    if now - read_at < MEMORY_SECONDS:
+        return found
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    limit = _container_memory()
-    return min(physical, limit[0] if limit else physical) // MIB
+    limit = _container_memory(usage_too=False)
+    found = min(physical, limit[0] if limit else physical) // MIB
+    _memory_seen = (now, found)
+    return found
 
 
 def available_mb() -> int | None:
@@ -84,16 +100,16 @@ def available_mb() -> int | None:
     return available // MIB
 
 
-def _container_memory() -> tuple[int, int] | None:
-    """A container's memory limit and what it uses now, in bytes; None when it has no limit
-    ("max" in v2, v1's number near 2**63)."""
+def _container_memory(usage_too: bool = True) -> tuple[int, int] | None:
+    """A container's memory limit and what it uses now (0 unless `usage_too`), in bytes; None
+    when it has no limit ("max" in v2, v1's number near 2**63)."""
     for limit_name, usage_name in MEMORY_FILES:
         text = _read(os.path.join(CGROUP, limit_name))
         if text is None:
             continue
         if not text.isdigit() or int(text) >= 1 << 62:
             return None
-        usage = _read(os.path.join(CGROUP, usage_name)) or "0"
+        usage = (_read(os.path.join(CGROUP, usage_name)) if usage_too else None) or "0"
         return int(text), int(usage) if usage.isdigit() else 0
     return None
 
