@@ -19,18 +19,28 @@ pytestmark = pytest.mark.once
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_run_code.py"
 
 
-def test_bench_run_code_prints_each_concurrency_each_way_and_each_step(host: Host) -> None:
+def bench(script: str, *args: str, standin: bool = True) -> subprocess.CompletedProcess[str]:
+    """benchmarks/`script` run with `args`, its output kept; it must succeed. With `standin`
+    the host fixture's stand-in, else the benchmark's own (no HLUK_ variable passed)."""
+    env = dict(os.environ)
+    if not standin:
+        env = {key: value for key, value in env.items() if not key.startswith("HLUK_")}
     done = subprocess.run(
-        [
-            *(sys.executable, str(BENCH), "--cases", "8", "--standin-cases", "2"),
-            *("--worker-gib", "0.1", "--busy-loops", "200"),
-        ],
+        [sys.executable, str(BENCH.parent / script), *args],
         capture_output=True,
         text=True,
         timeout=600,
-        env=os.environ,  # the host fixture's stand-in, for the stand-in comparison
+        env=env,
     )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_bench_run_code_prints_each_concurrency_each_way_and_each_step(host: Host) -> None:
+    done = bench(  # the host fixture's stand-in, for the stand-in comparison
+        BENCH.name,
+        *("--cases", "8", "--standin-cases", "2", "--worker-gib", "0.1", "--busy-loops", "200"),
+    )
     rows = [line.split() for line in done.stdout.splitlines()]
     ways = ["spawner", *(["setpriv"] if _spawn.setpriv() else []), "fork"]
     for way in ways:
@@ -47,14 +57,7 @@ def test_bench_run_code_prints_each_concurrency_each_way_and_each_step(host: Hos
 
 def ready_tables(script: str, *args: str) -> list[list[str]]:
     """The rows of `script`'s table of ready guests on and off (--only-ready, a quick start)."""
-    done = subprocess.run(
-        [sys.executable, str(BENCH.parent / script), "--only-ready", "--start-ms", "2", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=os.environ,
-    )
-    assert done.returncode == 0, done.stderr
+    done = bench(script, "--only-ready", "--start-ms", "2", *args)
     assert "ready guests o" in done.stdout
     # Nothing on stderr but what a starved machine may warn: c=64 back to back on 2 busy cores
     # can keep the spawner off the CPU past its 5 s (CI at 6f6a8a0, 3.10); the case is answered.
@@ -81,18 +84,10 @@ def test_bench_versions_measures_both_checkouts_with_ready_guests_on_and_off(
 ) -> None:
     """bench_versions.py against a baseline that is this checkout too (a worktree's src works
     alike): a row per setting with both figures and their ratio (its figures are not judged)."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH.parent / "bench_versions.py"),
-            *("--baseline", str(BENCH.parent.parent / "src"), "--cases", "20", "--rounds", "1"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=os.environ,
+    done = bench(
+        "bench_versions.py",
+        *("--baseline", str(BENCH.parent.parent / "src"), "--cases", "20", "--rounds", "1"),
     )
-    assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line.split()[-3:] for line in done.stdout.splitlines()[3:]}
     assert set(rows) == {"on", "off"}, done.stdout
     for now, base, ratio in rows.values():
@@ -105,18 +100,11 @@ def test_bench_teardown_prints_each_teardown_with_both_sides_and_their_ratio(
 ) -> None:
     """bench_teardown.py: a row per teardown, run_code's p50 / p90 beside a bare spawn's and
     their ratio (its figures are not judged: they are one noisy run's)."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH.parent / "bench_teardown.py"),
-            *("--cases", "2", "--chunk", "1", "--teardowns", "0,0.05"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={key: value for key, value in os.environ.items() if not key.startswith("HLUK_")},
+    done = bench(
+        "bench_teardown.py",
+        *("--cases", "2", "--chunk", "1", "--teardowns", "0,0.05"),
+        standin=False,
     )
-    assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines()[2:]]
     assert [row[0] for row in rows] == ["0ms", "50ms"], done.stdout
     for row in rows:
@@ -128,14 +116,7 @@ def test_bench_host_cpu_prints_each_side_and_the_ratios_to_the_bare_spawn() -> N
     """bench_host_cpu.py: run_code (ready guests off and on) and the bare spawn, each with
     the worker's and the helpers' CPU and switches, and each ratio to the bare spawn (its
     figures are not judged: they are one noisy run's)."""
-    done = subprocess.run(
-        [sys.executable, str(BENCH.parent / "bench_host_cpu.py"), "--cases", "4"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={key: value for key, value in os.environ.items() if not key.startswith("HLUK_")},
-    )
-    assert done.returncode == 0, done.stderr
+    done = bench("bench_host_cpu.py", "--cases", "4", standin=False)
     lines = done.stdout.splitlines()
     table = {line[:32].strip(): line[32:].split() for line in lines[2:5]}
     assert list(table) == [
