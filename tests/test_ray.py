@@ -24,7 +24,14 @@ from typing import Any
 
 import pytest
 from conftest import find_bwrap
-from hostside import logged_argvs, processes_with, result, sandbox_error, wait_for
+from hostside import (
+    logged_argvs,
+    processes_running,
+    processes_with,
+    result,
+    sandbox_error,
+    wait_for,
+)
 
 from verl_hyperlight import run_code
 
@@ -60,12 +67,10 @@ class Node:
         return sum("--mount" in argv for argv in logged_argvs(self.argv_log))
 
     def running(self) -> list[int]:
-        """Its hluk processes running a case now."""
-        return [
-            pid
-            for pid in processes_with(str(self.case_root))
-            if pid in processes_with("/standin/hluk\0")
-        ]
+        """Its hluk processes running a case now: not the child a stand-in hluk forks for its
+        guest, which shows the hluk's argv until it execs (its preexec_fn runs first)."""
+        hluks = processes_with("/standin/hluk\0")
+        return [pid for pid in processes_running(str(self.case_root)) if pid in hluks]
 
 
 class RayCluster:
@@ -551,7 +556,7 @@ def notebook_hluks(node: Node) -> list[int]:
     """Its hluk processes that run a notebook (a notebook mounts no case directory)."""
     return [
         pid
-        for pid in processes_with(".notebook(")
+        for pid in processes_running(".notebook(")  # not the child it forks for its guest
         if pid in processes_with("/standin/hluk\0")
         and f"HLUK_CACHE_DIR={node.root / 'cache'}".encode() in environ_of(pid)
     ]
