@@ -298,7 +298,12 @@ def test_a_node_removed_mid_batch_fails_only_the_cases_it_had_started(
     try:
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(through, url, sleeper, str(i)) for i in range(8)]
-            assert wait_for(lambda: len(doomed.running()) == 2, limit=60)
+            # Both units' hluks running, and each past its start (logged): a stand-in hluk is a
+            # Python that takes a moment to reach its main, and one killed before then would
+            # leave a started case unlogged (CI at 915a4ed).
+            assert wait_for(
+                lambda: len(doomed.running()) == 2 and doomed.case_runs() == 2, limit=60
+            )
             cluster.remove(doomed, graceful=False)
             answers = [future.result(timeout=120) for future in futures]
         started_there = doomed.case_runs()
