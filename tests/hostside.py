@@ -179,6 +179,36 @@ def result(response: dict[str, Any]) -> tuple[str, str | None, int | None, str, 
     )
 
 
+@dataclass(frozen=True)
+class Expect:
+    """A response that is a hostile solution's own outcome: its status, run status and return code,
+    its stdout (None: not checked) and a text its stderr holds."""
+
+    status: str
+    run_status: str
+    return_code: int | None
+    stdout: str | None = None
+    stderr_holds: str = ""
+
+
+@dataclass(frozen=True)
+class Attack:
+    code: str
+    expect: Expect
+    run_timeout: float = 10
+    memory: int | None = None
+
+
+def assert_own_outcome(response: dict[str, object], expect: Expect) -> None:
+    status, run_status, return_code, stdout, stderr = result(response)  # type: ignore[arg-type]
+    assert (status, run_status) == (expect.status, expect.run_status), response
+    if expect.return_code is not None:
+        assert return_code == expect.return_code, response
+    if expect.stdout is not None:
+        assert stdout == expect.stdout, response
+    assert expect.stderr_holds in stderr, response
+
+
 def sandbox_error(response: dict[str, Any]) -> str:
     """The message of a SandboxError response (and that it is one)."""
     assert (response["status"], response["run_result"]) == ("SandboxError", None), response

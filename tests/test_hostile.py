@@ -14,8 +14,11 @@ from dataclasses import dataclass
 
 import pytest
 from hostside import (
+    Attack,
+    Expect,
     Host,
     Usage,
+    assert_own_outcome,
     left_running,
     processes_with,
     result,
@@ -74,26 +77,6 @@ CONSOLE_LIES = (
     b"\x00\xff\xfe\x1b]0;title\x07\x1b[2J\x1b[H\r"
 )
 BINARY = b"\xff\xfe\x00text\x80\xc3(\x1b[31m"
-
-
-@dataclass(frozen=True)
-class Expect:
-    """A response that is the solution's own outcome: its status, run status and return code,
-    its stdout (None: not checked) and a text its stderr holds."""
-
-    status: str
-    run_status: str
-    return_code: int | None
-    stdout: str | None = None
-    stderr_holds: str = ""
-
-
-@dataclass(frozen=True)
-class Attack:
-    code: str
-    expect: Expect
-    run_timeout: float = 10
-    memory: int | None = None
 
 
 SUCCESS_REAL = Expect("Success", "Finished", 0, "real\n")
@@ -279,16 +262,6 @@ def listening(tmp_path: object) -> Iterator[str]:
         server.bind("\0" + marker)
         server.listen()
         yield marker
-
-
-def assert_own_outcome(response: dict[str, object], expect: Expect) -> None:
-    status, run_status, return_code, stdout, stderr = result(response)  # type: ignore[arg-type]
-    assert (status, run_status) == (expect.status, expect.run_status), response
-    if expect.return_code is not None:
-        assert return_code == expect.return_code, response
-    if expect.stdout is not None:
-        assert stdout == expect.stdout, response
-    assert expect.stderr_holds in stderr, response
 
 
 def assert_a_normal_case_is_answered(host: Host) -> None:

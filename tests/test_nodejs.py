@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hostside import Host, Usage, left_running
+from hostside import Attack, Expect, Host, Usage, assert_own_outcome, left_running
 from serving import Served
 
 from verl_hyperlight import settings
@@ -514,76 +514,69 @@ def test_the_standin_node_drivers_exit_throws_and_its_errors_are_its_own(
 
 # --- hostile JavaScript -----------------------------------------------------------------
 
-# Each attack, and the answer that is its own outcome: (status, run status, return code, what
-# its stdout or stderr holds). The node image has no shell and no fork (ENOTSUP), the
-# network is not the guest's, the case mount is read-only.
-JS_ATTACKS: dict[str, tuple[str, float, tuple[str, str, int | None, str]]] = {
-    "spins": ("while (true) {}", 1, ("Failed", "TimeLimitExceeded", None, "")),
-    "exhausts its memory": (
+# Each attack, and the answer that is its own outcome (as test_hostile's for Python). The node
+# image has no shell and no fork (ENOTSUP), the network is not the guest's, the case mount is
+# read-only.
+JS_ATTACKS = {
+    "spins": Attack("while (true) {}", Expect("Failed", "TimeLimitExceeded", None), 1),
+    "exhausts its memory": Attack(
         "const a = []; while (true) a.push(new Array(1e6).fill(1.5));",
-        10,
-        ("Failed", "Finished", None, ""),
+        Expect("Failed", "Finished", None),
     ),
-    "runs a shell": (
+    "runs a shell": Attack(
         "require('child_process').execSync('echo hi'); console.log('ran')",
-        10,
-        ("Failed", "Finished", 1, "ENOTSUP"),
+        Expect("Failed", "Finished", 1, "", "ENOTSUP"),
     ),
-    "spawns node": (
+    "spawns node": Attack(
         "const r = require('child_process').spawnSync(process.execPath, ['-e', '1']);"
         " console.log(r.error ? r.error.code : 'spawned')",
-        10,
-        ("Success", "Finished", 0, "ENOTSUP"),
+        Expect("Success", "Finished", 0, "ENOTSUP\n"),
     ),
-    "connects to the host": (
+    "connects to the host": Attack(
         "const s = require('net').connect(PORT, '127.0.0.1');"
         " s.on('connect', () => console.log('reached'));"
         " s.on('error', e => console.log('unreachable'));",
-        10,
-        ("Success", "Finished", 0, "unreachable"),
+        Expect("Success", "Finished", 0, "unreachable\n"),
     ),
-    "writes to the case mount": (
+    "writes to the case mount": Attack(
         "try { require('fs').writeFileSync('/case/x', 'y'); console.log('wrote') }"
         " catch (e) { console.log(e.code) }",
-        10,
-        ("Success", "Finished", 0, "EROFS"),
+        Expect("Success", "Finished", 0, "EROFS\n"),
     ),
-    "kills every process it can": (
-        "process.kill(-1, 'SIGKILL'); console.log('alive')",
-        10,
-        ("Failed", "Finished", None, ""),
+    "kills every process it can": Attack(
+        "process.kill(-1, 'SIGKILL'); console.log('alive')", Expect("Failed", "Finished", None)
     ),
-    "closes every descriptor": (
+    "closes every descriptor": Attack(
         "const fs = require('fs');"
         " for (let fd = 0; fd < 64; fd++) { try { fs.closeSync(fd) } catch (e) {} }",
-        10,
-        ("Failed", "Finished", None, ""),
+        Expect("Failed", "Finished", None),
     ),
-    "forges frames on its stdout": (
+    "forges frames on its stdout": Attack(
         "console.log('\\nabcdef end 0 0.1 - 6 0 -\\nabcdef stdout Zm9yZ2Vk\\nabcdef done')",
-        10,
-        ("Success", "Finished", 0, "\nabcdef end 0 0.1 - 6 0 -\nabcdef stdout Zm9yZ2Vk"),
+        Expect(
+            "Success",
+            "Finished",
+            0,
+            "\nabcdef end 0 0.1 - 6 0 -\nabcdef stdout Zm9yZ2Vk\nabcdef done\n",
+        ),
     ),
 }
 
 
 @pytest.mark.parametrize("name", JS_ATTACKS)
 def test_hostile_javascript_affects_only_its_own_result(host: Host, name: str) -> None:
-    code, run_timeout, (status, run_status, return_code, holds) = JS_ATTACKS[name]
+    attack = JS_ATTACKS[name]
     run("console.log(0)")  # warm: the footprint is that of a worker that has run cases
     before = Usage.now(host)
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
         server.settimeout(0)
-        response = run(code.replace("PORT", str(server.getsockname()[1])), run_timeout=run_timeout)
+        code = attack.code.replace("PORT", str(server.getsockname()[1]))
+        response = run(code, run_timeout=attack.run_timeout)
         with pytest.raises(BlockingIOError):
             server.accept()  # nothing of the guest's reached the host's socket
-    run_result = response["run_result"]
-    assert (response["status"], run_result["status"]) == (status, run_status), response
-    if return_code is not None:
-        assert run_result["return_code"] == return_code, response
-    assert holds in run_result["stdout"] + run_result["stderr"], response
+    assert_own_outcome(response, attack.expect)
     assert run("console.log(6 * 7)")["run_result"]["stdout"] == "42\n"
     assert Usage.now(host).minus(before) == Usage(0, 0, 0, 0)
     assert left_running(str(host.tmpdir)) == []
