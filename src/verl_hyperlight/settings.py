@@ -580,13 +580,9 @@ def variables(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict[st
     """The environment's variables that `names` names or whose names start with one of
     `prefixes`. Every case asks (hluk's environment), and a walk of os.environ decodes each
     of its variables: what was found is kept with a copy of the environment it was found in
-    (os.environ's own bytes, on CPython), and found again only once that has changed."""
-    raw = getattr(os.environ, "_data", None)
-    if not isinstance(raw, dict):
-        found = {name: value for name in names if (value := os.environ.get(name)) is not None}
-        if prefixes:
-            found.update(item for item in os.environ.items() if item[0].startswith(prefixes))
-        return found
+    (the bytes os.environ keeps, in the standard library's os.py on every implementation),
+    and found again only once that has changed."""
+    raw: dict[bytes, bytes] = os.environ._data  # type: ignore[attr-defined]
     key = (names, prefixes)
     seen = _variables_seen.get(key)
     if seen is not None and seen[0] == raw:  # compared whole, in C
@@ -605,7 +601,7 @@ def variables(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict[st
 
 # What `variables` found, by its arguments, with the environment it found it in.
 _variables_seen: dict[
-    tuple[tuple[str, ...], tuple[str, ...]], tuple[dict[Any, Any], dict[str, str]]
+    tuple[tuple[str, ...], tuple[str, ...]], tuple[dict[bytes, bytes], dict[str, str]]
 ] = {}
 
 
