@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench_run_code import _children, case_argv, standin_environment
@@ -52,9 +53,8 @@ def own() -> tuple[float, int]:
     return usage.ru_utime + usage.ru_stime, usage.ru_nvcsw + usage.ru_nivcsw
 
 
-def measured(task: object, cases: int) -> tuple[float, float, float, float]:
+def measured(task: Callable[[], None], cases: int) -> tuple[float, float, float, float]:
     """CPU ms and switches per case of this process and of its helpers over `cases` runs."""
-    assert callable(task)
     before_helpers, (cpu, switches) = helpers(), own()
     for _ in range(cases):
         task()
