@@ -55,8 +55,8 @@ def test_a_healthy_node_passes_every_check_and_prints_one_line_each(
         "snapshot",
         "case",
     ]
-    compilers = ["cpp", "go", "rust", "typescript"]
-    images = ["nodejs"]
+    compilers = ["cpp", "go", "rust", "java", "typescript"]
+    images = ["nodejs", "java"]
     assert [line.split()[1] for line in lines] == [
         *names,
         "pytest",

@@ -118,7 +118,9 @@ def test_selftest_agrees_on_the_stand_in_except_the_documented_divergences(
     report = json.loads(done.stdout)
     assert report["ok"] is True and report["broken"] == ""
     backend = ["hluk", "snapshot", "case", "notebook"]
-    compiled = ["cpp case", "go case", "rust case", "nodejs case", "typescript case"]
+    compiled = [
+        "cpp case", "go case", "rust case", "java case", "nodejs case", "typescript case"
+    ]  # fmt: skip
     assert [c["name"] for c in report["checks"]] == [*backend, *compiled]
     assert _verdicts(report, "known limit") == DOCUMENTED
     assert _verdicts(report, "skipped") == NEEDING_LIBRARIES  # the python image has neither
@@ -325,7 +327,7 @@ def test_ctrl_c_stops_the_corpus_at_once_cancelling_its_cases_and_says_what_it_c
     assert command.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr
     checks = re.findall(r"^(ok|warn|fail) +(\S+)", stdout, re.M)
-    languages = ["cpp", "go", "rust", "nodejs", "typescript"]
+    languages = ["cpp", "go", "rust", "java", "nodejs", "typescript"]
     assert [name for _, name in checks] == ["hluk", "snapshot", "case", "notebook", *languages]
     assert "fail" not in [status for status, _ in checks]
     lines = stdout.splitlines()

@@ -99,7 +99,7 @@ def _add_run(commands: _Commands) -> None:
     run = commands.add_parser(
         "run",
         help="run one solution file on stdin and print the Sandbox Fusion response",
-        description="Run SOLUTION (a Python file, or C++, Go, Rust or JavaScript source: see "
+        description="Run SOLUTION (a Python file, or C++, Go, Rust, Java or JavaScript source: see "
         "--language) "
         "with this command's standard input as its input, and print the response verl would "
         "receive, as JSON: in a micro-VM of this node (a hyperlight:// URL), or by POSTing "
@@ -118,13 +118,13 @@ def _add_run(commands: _Commands) -> None:
         "--language",
         choices=RUNS,
         help="the request's language (default: by SOLUTION's suffix, .cpp .cc .cxx cpp, .go go, "
-        ".rs rust, .js .cjs nodejs, .ts typescript, else python)",
+        ".rs rust, .java java, .js .cjs nodejs, .ts typescript, else python)",
     )
     run.add_argument(
         "--compile-timeout",
         type=float,
         default=10.0,
-        help="compile_timeout in seconds, for cpp, go, rust and typescript (default 10)",
+        help="compile_timeout in seconds, for cpp, go, rust, java and typescript (default 10)",
     )
 
 
@@ -135,6 +135,7 @@ SUFFIXES = {
     ".cxx": "cpp",
     ".go": "go",
     ".rs": "rust",
+    ".java": "java",
     ".js": "nodejs",
     ".cjs": "nodejs",
     ".ts": "typescript",

@@ -408,6 +408,8 @@ TOOLCHAIN_INSTALLS = {
     "rustc": "install Rust (https://rustup.rs) so that rustc is on PATH",
     "go": f"install Go 1.21 or later on PATH, or {install('go')}",
     "node": "install Node.js on PATH (Debian and Ubuntu: apt-get install nodejs)",
+    "javac": "install a JDK, 17 or later (21, Sandbox Fusion's, or later for its language "
+    "level), so that javac is on PATH (Debian and Ubuntu: apt-get install default-jdk-headless)",
     "typescript": "install TypeScript (npm install -g typescript), or set "
     "VERL_HYPERLIGHT_TYPESCRIPT to the directory of its npm package",
 }

@@ -80,9 +80,10 @@ SandboxFusionLanguage = Literal[
 ]
 SANDBOX_FUSION_LANGUAGES = frozenset(get_args(SandboxFusionLanguage))
 # What runs here: a solution as `python solution.py`, a test file as `pytest FILE`, a program
-# compiled on the host (case/compiled.py) and run in the guest, or a solution in the image of
-# its language (guests.LANGUAGE_IMAGES: `node solution.js`), TypeScript transpiled to it first.
-RUNS = ("python", "pytest", *compiled.LANGUAGES, *LANGUAGE_IMAGES)
+# compiled on the host (case/compiled.py) and run in the guest (Java's in its own image), or a
+# solution in the image of its language (guests.LANGUAGE_IMAGES: `node solution.js`),
+# TypeScript transpiled to it first.
+RUNS = tuple(dict.fromkeys(("python", "pytest", *compiled.LANGUAGES, *LANGUAGE_IMAGES)))
 
 
 @dataclass(frozen=True)

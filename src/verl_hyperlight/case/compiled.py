@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import logging
 import os
 import shutil
@@ -31,6 +32,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import zipfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +45,10 @@ from .response import CASE_CANCELLED
 
 logger = logging.getLogger("verl_hyperlight")
 
-# Sandbox Fusion's languages compiled here, and the name Sandbox Fusion runs each program by.
-LANGUAGES = ("cpp", "go", "rust")
-PROGRAM_NAMES = {"cpp": "./test", "go": "./out", "rust": "./test"}
+# Sandbox Fusion's languages compiled here, and the name Sandbox Fusion runs each program by
+# (Java's: the class its `java -ea Main` runs, from the jar of the classes the guest loads).
+LANGUAGES = ("cpp", "go", "rust", "java")
+PROGRAM_NAMES = {"cpp": "./test", "go": "./out", "rust": "./test", "java": "Main"}
 # Languages transpiled here, in the same sandbox, to JavaScript that the node image runs as
 # a `nodejs` case (hluk has no TypeScript runtime; guests.LANGUAGE_IMAGES gives it that image).
 TRANSPILED = ("typescript",)
@@ -82,6 +85,12 @@ for (const d of errors) {
 if (errors.length > 0) process.exit(1);
 fs.writeFileSync('solution.js', out.outputText);
 """
+# Java's classes, which javac writes into this directory of the build's, and the guest loads
+# from the jar made of it (the program).
+JAVA_CLASSES = "classes"
+# The language level Sandbox Fusion's JDK (21) compiles at: javac's --release, where the
+# node's javac knows it (17's does not: it compiles at its own, a documented difference).
+JAVA_RELEASE = 21
 # What is read of the compiler's stdout and of its stderr: as much as Sandbox Fusion reads.
 COMPILER_OUTPUT_LIMIT = 1024 * 1024
 # The largest file a compile may write (the program, its objects): far past any program's.
@@ -158,6 +167,7 @@ class _Toolchain:
     environment: tuple[tuple[str, str], ...] = ()
     files: tuple[tuple[str, bytes], ...] = ()  # written beside the source
     go_cache: str | None = None  # the warm cache, seen through an overlay
+    classes: str | None = None  # the program is the jar of this directory (Java)
 
 
 def build(
@@ -186,6 +196,13 @@ def check(language: str) -> str:
     found = f"{toolchain.argv[0]}, in bubblewrap {bwrap}"
     if language == "typescript":
         found = f"{toolchain.argv[0]} and typescript at {toolchain.argv[2]}, in bubblewrap {bwrap}"
+    if language == "java":
+        release = _javac_release(toolchain.argv[0])
+        if release < JAVA_RELEASE:
+            found += (
+                f" (Java {release}'s language level: Sandbox Fusion compiles at "
+                f"{JAVA_RELEASE}'s, which a JDK {JAVA_RELEASE} or later gives)"
+            )
     if language == "go":
         cache = _go_cache_directory(_go_of(_go_binary()))
         if os.path.exists(os.path.join(cache, ".warm")):
@@ -255,12 +272,31 @@ def _compile(
     built = None
     if status == 0:
         try:
-            with open(os.path.join(directory, os.path.basename(program)), "rb") as f:
-                built = f.read()
+            if toolchain.classes is not None:
+                built = _jar(os.path.join(directory, toolchain.classes))
+            else:
+                with open(os.path.join(directory, os.path.basename(program)), "rb") as f:
+                    built = f.read()
         except OSError as exc:
             result["return_code"] = 1
             result["stderr"] += f"\nverl-hyperlight: the compiler left no program ({exc})\n"
     return Build(result, built)
+
+
+def _jar(classes: str) -> bytes:
+    """The jar (a zip) of the class files javac wrote under `classes`: what the java image's
+    runner loads Main from. No manifest: the runner names the class, as `java Main` does."""
+    buffer = io.BytesIO()
+    found = False
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as jar:
+        for top, _, names in os.walk(classes):
+            for name in sorted(names):
+                path = os.path.join(top, name)
+                jar.write(path, os.path.relpath(path, classes))
+                found = True
+    if not found:
+        raise OSError(f"no class in {JAVA_CLASSES}/")
+    return buffer.getvalue()
 
 
 def _start_sandboxed(argv: list[str], stdout: Any, stderr: Any) -> subprocess.Popen[bytes]:
@@ -358,6 +394,8 @@ def _toolchain(language: str, warm: bool = True) -> _Toolchain:
         return _rust()
     if language == "typescript":
         return _typescript()
+    if language == "java":
+        return _java()
     return _go(warm)
 
 
@@ -458,6 +496,62 @@ def _typescript() -> _Toolchain:
     argv = (node, "transpile.js", package)
     files = (("transpile.js", TRANSPILE_TYPESCRIPT.encode()),)
     return _Toolchain("solution.ts", argv, roots=(_prefix(node), package), files=files)
+
+
+# Java
+
+
+@functools.lru_cache(maxsize=4)
+def _javac_release(javac: str) -> int:
+    """The newest language level `javac` compiles (its feature version: 17, 21, 25)."""
+    done = subprocess.run(
+        [javac, "-version"], capture_output=True, text=True, check=False, timeout=60
+    )
+    words = (done.stdout + done.stderr).split()
+    try:
+        return int(words[words.index("javac") + 1].split(".")[0].split("-")[0])
+    except (ValueError, IndexError):
+        raise diagnosis.toolchain_missing("java", "javac", " ".join(words)[-300:]) from None
+
+
+@functools.lru_cache(maxsize=4)
+def _jdk_roots(home: str) -> tuple[str, ...]:
+    """The JDK at `home`, and the directories its configuration links into (Debian's JDK keeps
+    conf/ in /etc/java-N-openjdk, which javac reads at start): read-only in the sandbox."""
+    roots = {home}
+    for top, _, names in os.walk(os.path.join(home, "conf")):
+        for name in names:
+            target = os.path.realpath(os.path.join(top, name))
+            parts = target.split(os.sep)
+            if not target.startswith(home + os.sep) and len(parts) > 2:
+                roots.add(os.sep.join(parts[:3]))  # /etc/java-17-openjdk
+    return tuple(sorted(roots))
+
+
+def _java() -> _Toolchain:
+    javac = os.path.realpath(_found("javac", "java"))
+    release = _javac_release(javac)
+    level = ("--release", str(JAVA_RELEASE)) if release >= JAVA_RELEASE else ()
+    source = "Main.java"
+    argv = (
+        javac,
+        # javac is a JVM: a heap of its own (the default, a share of the node's memory, is
+        # past the compile's address-space limit), and the quickest start for one compile.
+        "-J-Xmx512m",
+        "-J-XX:+UseSerialGC",
+        "-J-XX:TieredStopAtLevel=1",
+        # JDK 18 and later read sources as UTF-8 whatever the locale; 17 in the sandbox's
+        # (none) would read ASCII.
+        "-encoding",
+        "UTF-8",
+        # No annotation processor: one named in a jar's services would run code in javac.
+        "-proc:none",
+        *level,
+        "-d",
+        JAVA_CLASSES,
+        source,
+    )
+    return _Toolchain(source, argv, roots=_jdk_roots(_prefix(javac)), classes=JAVA_CLASSES)
 
 
 # Go

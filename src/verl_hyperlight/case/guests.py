@@ -39,8 +39,8 @@ class Image:
     label: str
     local_rootfs: str | None = None  # a root filesystem file of the user's (HLUK_INITRD)
     default_memory_mb: int = 256  # hluk's --scratch-mb when none is given
-    # The guest's driver, and so the runner a case runs under: "python" (guest/runner.py) or
-    # "node" (guest/runner.js).
+    # The guest's driver, and so the runner a case runs under: "python" (guest/runner.py),
+    # "node" (guest/runner.js) or "java" (guest/runner.jsh).
     driver: str = "python"
 
 
@@ -49,8 +49,11 @@ AGENT = Image(("--runtime", "agent"), 720, "the agent image", default_memory_mb=
 # hluk's node image: node:22-alpine's binary alone (no npm, no node_modules), 512 MiB by
 # default; the binary is about 110 MiB of its root filesystem.
 NODE = Image(("--runtime", "node"), 384, "the node image", default_memory_mb=512, driver="node")
+# hluk's java image: a jlinked Temurin 25 whose one JVM runs code as JShell snippets
+# (drivers/java), 512 MiB by default.
+JAVA = Image(("--runtime", "java"), 384, "the java image", default_memory_mb=512, driver="java")
 # The image a language other than Python's runs in, whatever image the URL names.
-LANGUAGE_IMAGES = {"nodejs": NODE, "typescript": NODE}
+LANGUAGE_IMAGES = {"nodejs": NODE, "typescript": NODE, "java": JAVA}
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class Guest:
         memory = [] if self.scratch_mb is None else ["--scratch-mb", str(self.scratch_mb)]
         if self.image.driver == "node":
             return [*self.image.args, *memory, "--warm-exec", node_warm_exec_code()]
+        if self.image.driver == "java":
+            return [*self.image.args, *memory, "--warm-exec", java_warm_exec_code()]
         if self.pytest_library is None:
             return [*self.image.args, *memory, "--warm-exec", warm_exec_code()]
         mount = ["--mount", f"{self.pytest_library}:{runner.PYTEST_MOUNT}:ro"]
@@ -207,17 +212,49 @@ def node_warm_exec_code() -> str:
     return f"{{\nconst PROTOCOL = {json.dumps(constants)};\n{source}}}\n"
 
 
+# What guest/runner.jsh reads of guest/protocol.py, as the fields of the class written before
+# it (JAVA_PROTOCOL_CLASS), and the class it declares.
+JAVA_PROTOCOL_CLASS = "VerlHyperlightProtocol"
+JAVA_RUNNER_CLASS = "VerlHyperlightRunner"
+_JAVA_PROTOCOL_NAMES = (
+    "OUTPUT_LIMIT", "OUTPUT_LIMIT_STATUS", "CHUNK", "CONSOLE_WRITE", "FILES_OUT_LIMIT",
+    "FILE_MISSING", "FILE_LEFT_OUT", "PROGRAM", "STDIN", "FILES", "FILE_PREFIX",
+)  # fmt: skip
+
+
+@lru_cache(maxsize=1)
+def java_warm_exec_code() -> str:
+    """hluk's --warm-exec for the java image: protocol.py's constants as a class, then
+    guest/runner.jsh, declared once before the snapshot is taken, and the runner's warm-up (a
+    statement: a call of declarations alone would have the driver look for a main)."""
+    constants: dict[str, object] = {name: getattr(protocol, name) for name in _JAVA_PROTOCOL_NAMES}
+    constants.update({name: getattr(protocol, name).decode() for name in _NODE_PROTOCOL_FRAMES})
+    constants["REPORT_FAILED_STATUS"] = runner.REPORT_FAILED_STATUS
+    fields = [
+        f"    static final {'String' if isinstance(value, str) else 'int'} {name} = "
+        f"{json.dumps(value)};"
+        for name, value in constants.items()
+    ]
+    source = resources.files(runner.__package__).joinpath("runner.jsh").read_text()
+    protocol_class = "\n".join([f"final class {JAVA_PROTOCOL_CLASS} {{", *fields, "}"])
+    return f"{protocol_class}\n{source}\n{JAVA_RUNNER_CLASS}.prepare();\n"
+
+
 def _call(guest: Guest | None, function: str, *args: str) -> str:
     if guest is not None and guest.image.driver == "node":
         arguments = ", ".join(json.dumps(arg) for arg in args)
         return f"globalThis.{NODE_RUNNER_GLOBAL}.{_NODE_NAMES[function]}({arguments});"
+    if guest is not None and guest.image.driver == "java":
+        arguments = ", ".join(json.dumps(arg) for arg in args)
+        return f"{JAVA_RUNNER_CLASS}.{_JAVA_NAMES[function]}({arguments});"
     module = runner.MODULE_NAME
     arguments = ", ".join(repr(arg) for arg in args)
     return f"__import__({module!r}, fromlist=['_']).{function}({arguments})"
 
 
-# The node runner's names of the Python runner's functions.
+# The node and java runners' names of the Python runner's functions.
 _NODE_NAMES = {"main": "main", "await_case": "awaitCase", "probe": "probe"}
+_JAVA_NAMES = {**_NODE_NAMES, "main": "runCase"}
 
 
 def workload_code(guest: Guest, case_dir: str, nonce: str) -> str:

@@ -162,7 +162,7 @@ def notebook_check(url: str) -> doctor.Check:
 
 # One program per language besides Python: its stdin summed, a line to stderr, exit status 3.
 # Each reads and writes all three streams, and shows that the status and the streams come back
-# apart. The compiled ones (cpp, go, rust) compile on the node first.
+# apart. The compiled ones (cpp, go, rust, java) compile on the node first.
 LANGUAGE_PROGRAMS = {
     "cpp": '#include <cstdio>\nint main() { long a, b; if (std::scanf("%ld %ld", &a, &b) != 2)'
     ' return 1; std::printf("%ld\\n", a + b); std::fprintf(stderr, "to stderr\\n"); return 3; }\n',
@@ -173,6 +173,12 @@ LANGUAGE_PROGRAMS = {
     "    std::io::stdin().read_to_string(&mut s).unwrap();\n"
     "    let n: Vec<i64> = s.split_whitespace().map(|w| w.parse().unwrap()).collect();\n"
     '    println!("{}", n[0] + n[1]); eprintln!("to stderr"); std::process::exit(3); }\n',
+    "java": "import java.util.Scanner;\n\npublic class Main {\n"
+    "    public static void main(String[] args) {\n"
+    "        Scanner in = new Scanner(System.in);\n"
+    "        System.out.println(in.nextLong() + in.nextLong());\n"
+    '        System.err.println("to stderr");\n'
+    "        System.exit(3);\n    }\n}\n",
     "nodejs": "const [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/)"
     ".map(Number);\nconsole.log(a + b);\nconsole.error('to stderr');\nprocess.exitCode = 3;\n",
     "typescript": "import { readFileSync } from 'fs';\nconst [a, b]: number[] = readFileSync(0, "
