@@ -56,7 +56,7 @@ def test_a_healthy_node_passes_every_check_and_prints_one_line_each(
         "case",
     ]
     compilers = ["cpp", "go", "rust", "java", "typescript"]
-    images = ["nodejs", "java"]
+    images = ["nodejs", "java", "bash"]
     assert [line.split()[1] for line in lines] == [
         *names,
         "pytest",

@@ -88,12 +88,12 @@ def test_stdin_over_256_mib_is_an_invalid_request(host: Host) -> None:
     assert f"stdin is {too_long} bytes; at most {256 * MIB}" in request_error(stdin="x" * too_long)
 
 
-@pytest.mark.parametrize("language", ["bash", "php", "go_test", "csharp"])
+@pytest.mark.parametrize("language", ["ruby", "php", "go_test", "csharp"])
 def test_a_sandbox_fusion_language_not_run_here_is_a_sandbox_error_naming_those_that_are(
     host: Host, language: str
 ) -> None:
     message = sandbox_error(run("int main() {}", language=language))
-    runs = "python, pytest, cpp, go, rust, java, nodejs, typescript"
+    runs = "python, pytest, cpp, go, rust, java, nodejs, typescript, bash"
     says = f"runs {runs}; language {language!r} is not supported"
     assert says in message
     assert host.runs() == []
@@ -105,8 +105,8 @@ def test_another_language_is_the_clients_doing_said_once_and_no_backend_failure(
     monkeypatch.setattr(_api, "unsupported_languages", CauseCounts())
     caplog.set_level(logging.WARNING, "verl_hyperlight")
     for _ in range(3):
-        sandbox_error(run("echo a", language="bash"))
-    said = [r for r in caplog.records if "'bash' is not supported" in r.getMessage()]
+        sandbox_error(run("puts 1", language="ruby"))
+    said = [r for r in caplog.records if "'ruby' is not supported" in r.getMessage()]
     assert [r.levelno for r in said] == [logging.WARNING]
     assert _failures.log.counts() == {}  # /metrics' backend failures
 

@@ -119,7 +119,8 @@ def test_selftest_agrees_on_the_stand_in_except_the_documented_divergences(
     assert report["ok"] is True and report["broken"] == ""
     backend = ["hluk", "snapshot", "case", "notebook"]
     compiled = [
-        "cpp case", "go case", "rust case", "java case", "nodejs case", "typescript case"
+        "cpp case", "go case", "rust case", "java case", "nodejs case", "bash case",
+        "typescript case",
     ]  # fmt: skip
     assert [c["name"] for c in report["checks"]] == [*backend, *compiled]
     assert _verdicts(report, "known limit") == DOCUMENTED
@@ -315,7 +316,7 @@ def test_ctrl_c_stops_the_corpus_at_once_cancelling_its_cases_and_says_what_it_c
     )
     try:
         # The checks' case, the guest's version, then the corpus's: a few of them run.
-        assert wait_for(lambda: case_runs(argv_log) >= 12, limit=CORPUS_TIMEOUT)
+        assert wait_for(lambda: case_runs(argv_log) >= 14, limit=CORPUS_TIMEOUT)
         at_the_signal = case_runs(argv_log)
         command.send_signal(signal.SIGINT)
         stdout, stderr = command.communicate(timeout=CORPUS_TIMEOUT)
@@ -327,7 +328,7 @@ def test_ctrl_c_stops_the_corpus_at_once_cancelling_its_cases_and_says_what_it_c
     assert command.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr
     checks = re.findall(r"^(ok|warn|fail) +(\S+)", stdout, re.M)
-    languages = ["cpp", "go", "rust", "java", "nodejs", "typescript"]
+    languages = ["cpp", "go", "rust", "java", "nodejs", "bash", "typescript"]
     assert [name for _, name in checks] == ["hluk", "snapshot", "case", "notebook", *languages]
     assert "fail" not in [status for status, _ in checks]
     lines = stdout.splitlines()

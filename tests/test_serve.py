@@ -220,9 +220,9 @@ def test_a_run_timeout_of_zero_is_a_time_limit_exceeded_at_once(serve: Serve) ->
 
 def test_a_language_not_run_here_is_a_sandbox_error_saying_so(serve: Serve) -> None:
     served = serve()
-    reply = served.post(body("echo a", language="bash"))
+    reply = served.post(body("puts 1", language="ruby"))
     assert reply.status_code == 200
-    assert "language 'bash' is not supported" in reply.json()["message"]
+    assert "language 'ruby' is not supported" in reply.json()["message"]
 
 
 def test_the_executor_pod_name_is_my_pod_name(serve: Serve) -> None:

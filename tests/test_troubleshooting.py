@@ -166,7 +166,7 @@ SCENARIOS: dict[str, Callable[[Case], str]] = {
     "is below what the python image boots in": lambda case: case.run("--memory-limit-mb", "100"),
     "more than half this node's memory": lambda case: case.run("--memory-limit-mb", "100000000"),
     "is not supported": lambda case: str(
-        _api.run_code("hyperlight://", "echo a", "", None, 10, None, "bash")[0]
+        _api.run_code("hyperlight://", "puts 1", "", None, 10, None, "ruby")[0]
     ),
     "Input should be a valid dictionary": form_encoded_request,
     "needs pytest on this node": no_pytest,

@@ -99,7 +99,8 @@ def _add_run(commands: _Commands) -> None:
     run = commands.add_parser(
         "run",
         help="run one solution file on stdin and print the Sandbox Fusion response",
-        description="Run SOLUTION (a Python file, or C++, Go, Rust, Java or JavaScript source: see "
+        description="Run SOLUTION (a Python file, or C++, Go, Rust, Java, JavaScript or shell "
+        "source: see "
         "--language) "
         "with this command's standard input as its input, and print the response verl would "
         "receive, as JSON: in a micro-VM of this node (a hyperlight:// URL), or by POSTing "
@@ -118,7 +119,7 @@ def _add_run(commands: _Commands) -> None:
         "--language",
         choices=RUNS,
         help="the request's language (default: by SOLUTION's suffix, .cpp .cc .cxx cpp, .go go, "
-        ".rs rust, .java java, .js .cjs nodejs, .ts typescript, else python)",
+        ".rs rust, .java java, .js .cjs nodejs, .ts typescript, .sh bash, else python)",
     )
     run.add_argument(
         "--compile-timeout",
@@ -139,6 +140,7 @@ SUFFIXES = {
     ".js": "nodejs",
     ".cjs": "nodejs",
     ".ts": "typescript",
+    ".sh": "bash",
 }
 
 

@@ -230,7 +230,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
         outcome = gate.run_through_gate(
             path, case.guest, attempt, limits, CASE_CANCELLED, cancel=cancel
         )
-        return response_for(outcome, path, case.run_timeout, case.fetch)
+        return response_for(outcome, path, case.run_timeout, case.fetch, case.guest.image.driver)
     finally:
         for case_dir in made:
             case_dir.remove()

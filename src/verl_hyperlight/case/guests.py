@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -40,7 +41,7 @@ class Image:
     local_rootfs: str | None = None  # a root filesystem file of the user's (HLUK_INITRD)
     default_memory_mb: int = 256  # hluk's --scratch-mb when none is given
     # The guest's driver, and so the runner a case runs under: "python" (guest/runner.py),
-    # "node" (guest/runner.js) or "java" (guest/runner.jsh).
+    # "node" (guest/runner.js), "java" (guest/runner.jsh) or "bash" (guest/runner.sh).
     driver: str = "python"
 
 
@@ -52,8 +53,10 @@ NODE = Image(("--runtime", "node"), 384, "the node image", default_memory_mb=512
 # hluk's java image: a jlinked Temurin 25 whose one JVM runs code as JShell snippets
 # (drivers/java), 512 MiB by default.
 JAVA = Image(("--runtime", "java"), 384, "the java image", default_memory_mb=512, driver="java")
+# hluk's bash image: BusyBox's hush, built NOMMU (drivers/bash), 256 MiB by default.
+BASH = Image(("--runtime", "bash"), 128, "the bash image", default_memory_mb=256, driver="bash")
 # The image a language other than Python's runs in, whatever image the URL names.
-LANGUAGE_IMAGES = {"nodejs": NODE, "typescript": NODE, "java": JAVA}
+LANGUAGE_IMAGES = {"nodejs": NODE, "typescript": NODE, "java": JAVA, "bash": BASH}
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class Guest:
             return [*self.image.args, *memory, "--warm-exec", node_warm_exec_code()]
         if self.image.driver == "java":
             return [*self.image.args, *memory, "--warm-exec", java_warm_exec_code()]
+        if self.image.driver == "bash":
+            return [*self.image.args, *memory, "--warm-exec", bash_warm_exec_code()]
         if self.pytest_library is None:
             return [*self.image.args, *memory, "--warm-exec", warm_exec_code()]
         mount = ["--mount", f"{self.pytest_library}:{runner.PYTEST_MOUNT}:ro"]
@@ -240,10 +245,26 @@ def java_warm_exec_code() -> str:
     return f"{protocol_class}\n{source}\n{JAVA_RUNNER_CLASS}.prepare();\n"
 
 
+_BASH_PROTOCOL_NAMES = (*_JAVA_PROTOCOL_NAMES, "SOLUTION")
+
+
+@lru_cache(maxsize=1)
+def bash_warm_exec_code() -> str:
+    """hluk's --warm-exec for the bash image: protocol.py's constants as VH_ variables, then
+    guest/runner.sh's functions, sourced once into the image's shell before the snapshot."""
+    constants: dict[str, object] = {name: getattr(protocol, name) for name in _BASH_PROTOCOL_NAMES}
+    constants.update({name: getattr(protocol, name).decode() for name in _NODE_PROTOCOL_FRAMES})
+    lines = [f"VH_{name}={shlex.quote(str(value))}" for name, value in constants.items()]
+    source = resources.files(runner.__package__).joinpath("runner.sh").read_text()
+    return "\n".join([*lines, source])
+
+
 def _call(guest: Guest | None, function: str, *args: str) -> str:
     if guest is not None and guest.image.driver == "node":
         arguments = ", ".join(json.dumps(arg) for arg in args)
         return f"globalThis.{NODE_RUNNER_GLOBAL}.{_NODE_NAMES[function]}({arguments});"
+    if guest is not None and guest.image.driver == "bash":
+        return " ".join([_BASH_NAMES[function], *(shlex.quote(arg) for arg in args)])
     if guest is not None and guest.image.driver == "java":
         arguments = ", ".join(json.dumps(arg) for arg in args)
         return f"{JAVA_RUNNER_CLASS}.{_JAVA_NAMES[function]}({arguments});"
@@ -255,6 +276,7 @@ def _call(guest: Guest | None, function: str, *args: str) -> str:
 # The node and java runners' names of the Python runner's functions.
 _NODE_NAMES = {"main": "main", "await_case": "awaitCase", "probe": "probe"}
 _JAVA_NAMES = {**_NODE_NAMES, "main": "runCase"}
+_BASH_NAMES = {"main": "vh_case", "await_case": "vh_await_case", "probe": "vh_probe"}
 
 
 def workload_code(guest: Guest, case_dir: str, nonce: str) -> str:

@@ -102,9 +102,12 @@ def sandbox_error(message: str) -> Response:
     return _response("SandboxError", message, None)
 
 
-def from_outcome(outcome: RawOutcome, run_timeout: float, fetch: tuple[str, ...] = ()) -> Response:
+def from_outcome(
+    outcome: RawOutcome, run_timeout: float, fetch: tuple[str, ...] = (), driver: str = "python"
+) -> Response:
     """The response for a run that the solution's own doing ended; the files of `fetch` that
-    the runner copied out come back in its ``files``."""
+    the runner copied out come back in its ``files``. `driver`: the image's (what a guest that
+    aborted means there)."""
     ending = outcome.ending
     if ending in (Ending.TIMED_OUT, Ending.DEADLOCKED):
         # A guest whose every thread blocks forever would run to its timeout under Sandbox
@@ -117,7 +120,7 @@ def from_outcome(outcome: RawOutcome, run_timeout: float, fetch: tuple[str, ...]
             "stderr": outcome.hluk_error + "\n" if ending is Ending.DEADLOCKED else "",
         }
         return _response("Failed", "", run)
-    status, elapsed, stdout, stderr = _finished(outcome)
+    status, elapsed, stdout, stderr = _finished(outcome, driver)
     files, message = _fetched(outcome, fetch) if ending is Ending.FINISHED else ({}, "")
     run = {
         "status": "Finished",
@@ -129,7 +132,7 @@ def from_outcome(outcome: RawOutcome, run_timeout: float, fetch: tuple[str, ...]
     return _response("Failed" if status != 0 else "Success", message, run, files)
 
 
-def _finished(outcome: RawOutcome) -> tuple[int, float, str, str]:
+def _finished(outcome: RawOutcome, driver: str) -> tuple[int, float, str, str]:
     """A run that ended before its time limit: its return code, time, stdout and stderr, by
     how it ended (the runner's report, or the guest's end around it)."""
     ending = outcome.ending
@@ -161,11 +164,7 @@ def _finished(outcome: RawOutcome) -> tuple[int, float, str, str]:
         # output was not copied out is lost. Answered as an OOM kill, never as a backend failure.
         status = GUEST_ABORTED_RETURN_CODE
         stdout = ""
-        stderr = (
-            f"{outcome.hluk_error}\nverl-hyperlight: the guest kernel aborted while the solution "
-            "ran, most often because the solution exhausted the micro-VM's memory "
-            f"(memory_limit_mb); answered as an out-of-memory kill (return code {status})\n"
-        )
+        stderr = f"{outcome.hluk_error}\n{diagnosis.guest_aborted(driver, status)}"
     else:
         assert ending is Ending.BROKEN, ending
         # hluk ended with the status of the runner's failed call: the solution broke what the
@@ -179,13 +178,17 @@ def _finished(outcome: RawOutcome) -> tuple[int, float, str, str]:
 
 
 def response_for(
-    outcome: RawOutcome, path: str, run_timeout: float, fetch: tuple[str, ...] = ()
+    outcome: RawOutcome,
+    path: str,
+    run_timeout: float,
+    fetch: tuple[str, ...] = (),
+    driver: str = "python",
 ) -> Response:
     """The response to a run (a case's, or a notebook call's): from its outcome when its
     ending is the solution's, else Refused or the BackendError it stands for."""
     verdict = outcome.verdict
     if verdict is Verdict.SOLUTIONS:
-        return from_outcome(outcome, run_timeout, fetch)
+        return from_outcome(outcome, run_timeout, fetch, driver)
     if verdict is Verdict.REFUSED:
         raise Refused(outcome.refusal)
     if verdict is Verdict.CANCELLED:

@@ -181,6 +181,7 @@ LANGUAGE_PROGRAMS = {
     "        System.exit(3);\n    }\n}\n",
     "nodejs": "const [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/)"
     ".map(Number);\nconsole.log(a + b);\nconsole.error('to stderr');\nprocess.exitCode = 3;\n",
+    "bash": 'read a b\necho $((a + b))\necho "to stderr" >&2\nexit 3\n',
     "typescript": "import { readFileSync } from 'fs';\nconst [a, b]: number[] = readFileSync(0, "
     "'utf8').trim().split(/\\s+/).map(Number);\nconsole.log(a + b);\n"
     "console.error('to stderr');\nprocess.exitCode = 3;\n",
