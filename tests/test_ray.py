@@ -736,8 +736,8 @@ def test_selftest_runs_its_programs_on_the_nodes_that_offer_the_resource(
     assert names[0] == "nodes" and names.count("case") == 2
     # The notebook, then a case of each language besides Python (each compiled, or transpiled,
     # on the node that runs it).
-    languages = ["cpp case", "go case", "rust case", "nodejs case", "typescript case"]
-    assert names[-6:] == ["notebook", *languages]
+    languages = ["cpp", "go", "rust", "java", "nodejs", "bash", "typescript"]
+    assert names[-8:] == ["notebook", *(f"{language} case" for language in languages)]
     assert a.case_runs() + b.case_runs() >= before + 8
     assert not cluster.head_log.exists()
 
