@@ -15,20 +15,28 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hostside
 import pytest
-from hostside import Attack, Expect, Host, Usage, assert_own_outcome, left_running
+from hostside import (
+    Attack,
+    Expect,
+    Host,
+    Usage,
+    assert_only_its_own,
+    assert_stopped_for_its_stdout,
+    left_running,
+    stdouts_in_ready_guests_and_fresh_ones,
+)
 from serving import Served
 
-from verl_hyperlight.case import api
 from verl_hyperlight.case.guests import JAVA, guest_for
 from verl_hyperlight.commands import selftest
-from verl_hyperlight.guest.protocol import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
+from verl_hyperlight.guest.protocol import OUTPUT_LIMIT
 
 
 def _jdk25() -> str | None:
@@ -62,19 +70,8 @@ pytestmark = [
 Check = Callable[[dict[str, Any]], None]
 
 
-def run(
-    code: str,
-    stdin: str | None = None,
-    run_timeout: float = 10,
-    files: dict[str, str | None] | None = None,
-    fetch_files: list[str] | None = None,
-    url: str = "hyperlight://",
-) -> dict[str, Any]:
-    response, error = api.run_code(
-        url, code, stdin, 10, run_timeout, None, "java", files=files, fetch_files=fetch_files
-    )
-    assert error is None and response is not None, error
-    return response
+def run(code: str, stdin: str | None = None, run_timeout: float = 10, **options: Any) -> Any:
+    return hostside.run(code, stdin, run_timeout, language="java", **options)
 
 
 # --- Sandbox Fusion's sandbox/tests/runners/test_java.py ---------------------------------
@@ -248,22 +245,7 @@ def test_sandbox_fusions_java_test_through_run_code(
 
 
 def test_sandbox_fusions_java_tests_through_serve(host: Host, serve: Callable[..., Served]) -> None:
-    served = serve()
-    with served.client() as client:
-        for _, code, check, stdin, run_timeout in SF_TESTS:
-            body = {
-                "compile_timeout": 10,
-                "run_timeout": run_timeout,
-                "memory_limit_MB": -1,
-                "code": code,
-                "stdin": stdin,
-                "language": "java",
-                "files": {},
-                "fetch_files": [],
-            }
-            reply = client.post("/run_code", json=body)
-            assert reply.status_code == 200, reply.text
-            check(reply.json())
+    serve().check_cases("java", [(*test[1:], {}) for test in SF_TESTS])
 
 
 # --- answers as the host's `javac Main.java && java -ea Main` -----------------------------
@@ -400,9 +382,8 @@ def test_request_files_are_in_the_working_directory_and_on_the_class_path(host: 
     code = (
         "import java.nio.file.*;\n\npublic class Main {\n"
         "    public static void main(String[] args) throws Exception {\n"
-        '        Path dir = Path.of("/tmp/solution");\n'
-        '        String secret = Files.readString(dir.resolve("dir1/dir2/secret"));\n'
-        '        Files.writeString(dir.resolve("out.txt"), secret.toUpperCase());\n'
+        '        String secret = Files.readString(Path.of("dir1/dir2/secret"));\n'
+        '        Files.writeString(Path.of("out.txt"), secret.toUpperCase());\n'
         '        System.out.println(Main.class.getResource("/dir1/dir2/secret") != null);\n'
         "    }\n}\n"
     )
@@ -421,16 +402,7 @@ def test_output_past_the_limit_stops_the_program(host: Host) -> None:
         f"        for (int i = 0; i < {OUTPUT_LIMIT // 1024 + 8}; i++) System.out.println(line);\n"
         '        System.err.println("never");\n    }\n}\n'
     )
-    response = run(code)
-    result = response["run_result"]
-    assert (response["status"], result["status"], result["return_code"]) == (
-        "Failed",
-        "Finished",
-        OUTPUT_LIMIT_STATUS,
-    )
-    assert len(result["stdout"]) == OUTPUT_LIMIT
-    notice = "verl-hyperlight: the solution's stdout exceeded 16 MiB; it was stopped"
-    assert result["stderr"].strip() == notice
+    assert_stopped_for_its_stdout(run(code))
 
 
 def test_cases_in_ready_guests_and_fresh_ones_answer_alike(
@@ -440,9 +412,7 @@ def test_cases_in_ready_guests_and_fresh_ones_answer_alike(
         "public class Main {\n    public static void main(String[] args) throws Exception {\n"
         "        System.out.println(System.in.readAllBytes().length);\n    }\n}\n"
     )
-    answers = [run(code, "x" * 100_000)["run_result"]["stdout"] for _ in range(3)]
-    monkeypatch.setenv("VERL_HYPERLIGHT_READY_GUESTS", "0")
-    answers += [run(code, "x" * 100_000)["run_result"]["stdout"] for _ in range(2)]
+    answers = stdouts_in_ready_guests_and_fresh_ones(lambda: run(code, "x" * 100_000), monkeypatch)
     assert answers == ["100000\n"] * 5
 
 
@@ -646,23 +616,18 @@ JAVA_ATTACKS = {
 
 @pytest.mark.parametrize("name", JAVA_ATTACKS)
 def test_hostile_java_affects_only_its_own_result(host: Host, name: str) -> None:
-    attack = JAVA_ATTACKS[name]
-    run("public class Main { public static void main(String[] a) { } }")  # warm
-    before = Usage.now(host)
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        server.settimeout(0)
-        body = attack.code.replace("PORT", str(server.getsockname()[1]))
+    def in_main(body: str, run_timeout: float) -> Any:
         code = (
             "public class Main {\n    public static void main(String[] a) throws Exception {\n"
             f"        {body}\n    }}\n}}\n"
         )
-        response = run(code, run_timeout=attack.run_timeout)
-        with pytest.raises(BlockingIOError):
-            server.accept()  # nothing of the guest's reached the host's socket
-    assert_own_outcome(response, attack.expect)
-    ok = run("public class Main { public static void main(String[] a) { System.out.print(42); } }")
-    assert ok["run_result"]["stdout"] == "42", ok
-    assert Usage.now(host).minus(before) == Usage(0, 0, 0, 0)
-    assert left_running(str(host.tmpdir)) == []
+        return run(code, run_timeout=run_timeout)
+
+    def then() -> None:
+        ok = run(
+            "public class Main { public static void main(String[] a) { System.out.print(42); } }"
+        )
+        assert ok["run_result"]["stdout"] == "42", ok
+
+    run("public class Main { public static void main(String[] a) { } }")  # warm
+    assert_only_its_own(host, JAVA_ATTACKS[name], in_main, then)

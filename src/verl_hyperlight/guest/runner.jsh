@@ -12,8 +12,9 @@
 //
 // The host loads it as the warm-exec, after VerlHyperlightProtocol, a class of protocol.py's
 // constants it writes (guests.py), and calls it with a statement: hluk's driver runs the
-// `main` of a call made of declarations alone, so nothing here is named main. Plain Java 21,
-// nothing but the JDK's own modules (the image's are jlinked: java.logging is among them).
+// `main` of a call made of declarations alone, so nothing here is named main. Java 25 (the
+// image's), nothing but the JDK's own modules (the image's are jlinked: java.logging is among
+// them).
 import java.io.ByteArrayInputStream;
 import java.io.ByteArrayOutputStream;
 import java.io.File;
@@ -24,6 +25,11 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.OutputStream;
 import java.io.PrintStream;
+import java.lang.foreign.Arena;
+import java.lang.foreign.FunctionDescriptor;
+import java.lang.foreign.Linker;
+import java.lang.foreign.ValueLayout;
+import java.lang.invoke.MethodHandle;
 import java.lang.reflect.InvocationTargetException;
 import java.lang.reflect.Method;
 import java.lang.reflect.Modifier;
@@ -62,6 +68,30 @@ final class VerlHyperlightRunner {
     // here: the logging framework keeps loggers weakly, and a collected one loses its handler.
     private static final Logger EXITS = Logger.getLogger("java.lang.Runtime");
     private static volatile Case current;
+    // The C library's chdir: Java cannot change its working directory, and a program opens
+    // the request's files by paths relative to it (`new File("input.txt")`), as `java Main`
+    // run in the service's directory does. Looked up once, before the snapshot (the JDK says
+    // once, on the console, that a restricted method was called).
+    private static final MethodHandle CHDIR = chdirHandle();
+
+    static MethodHandle chdirHandle() {
+        try {
+            var linker = Linker.nativeLinker();
+            var chdir = linker.defaultLookup().find("chdir").orElseThrow();
+            return linker.downcallHandle(chdir, FunctionDescriptor.of(ValueLayout.JAVA_INT, ValueLayout.ADDRESS));
+        } catch (Throwable e) {
+            return null; // relative paths stay the JVM's start directory's
+        }
+    }
+
+    static void chdir(String directory) {
+        if (CHDIR == null) return;
+        try (var arena = Arena.ofConfined()) {
+            int done = (int) CHDIR.invokeExact(arena.allocateFrom(directory));
+        } catch (Throwable e) {
+            // relative paths stay the JVM's start directory's
+        }
+    }
 
     static {
         EXITS.setUseParentHandlers(false);
@@ -475,6 +505,7 @@ final class VerlHyperlightRunner {
             return;
         }
         byte[] input = Files.readAllBytes(new File(caseDir, VerlHyperlightProtocol.STDIN).toPath());
+        chdir(WORK_DIR);
         var loader = new URLClassLoader(classPath(caseDir), ClassLoader.getPlatformClassLoader());
         loader.setDefaultAssertionStatus(true); // -ea
         InputStream in = System.in;
