@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -26,6 +27,7 @@ from verl_hyperlight.case import casedir as _casedir
 from verl_hyperlight.case import failures as _failures
 from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.errors import CauseCounts
+from verl_hyperlight.guest.protocol import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
 from verl_hyperlight.hluk import ending as _ending
 from verl_hyperlight.hluk import spawners as _spawners
 
@@ -159,10 +161,24 @@ def run(
     memory: object = None,
     url: object = URL,
     language: object = "python",
+    *,
+    files: dict[str, str | None] | None = None,
+    fetch_files: list[str] | None = None,
+    compile_timeout: float | None = None,
 ) -> dict[str, Any]:
     """run_code with these arguments (any types, as a caller may pass); the response, which
     must be one rather than a request error."""
-    response, error = _api.run_code(url, code, stdin, None, run_timeout, memory, language)  # type: ignore[arg-type]
+    response, error = _api.run_code(
+        url,  # type: ignore[arg-type]
+        code,  # type: ignore[arg-type]
+        stdin,  # type: ignore[arg-type]
+        compile_timeout,
+        run_timeout,  # type: ignore[arg-type]
+        memory,  # type: ignore[arg-type]
+        language,  # type: ignore[arg-type]
+        files=files,
+        fetch_files=fetch_files,
+    )
     assert error is None and response is not None, error
     return response
 
@@ -207,6 +223,54 @@ def assert_own_outcome(response: dict[str, object], expect: Expect) -> None:
     if expect.stdout is not None:
         assert stdout == expect.stdout, response
     assert expect.stderr_holds in stderr, response
+
+
+def assert_only_its_own(
+    host: Host,
+    attack: Attack,
+    run_attack: Callable[[str, float], dict[str, Any]],
+    then: Callable[[], None],
+) -> None:
+    """Run `attack`'s code (PORT: a port the host listens on) once: its answer is its own
+    outcome, nothing of the guest's reaches the host's socket, the next case (`then`) is
+    answered as ever, and the worker keeps the descriptors, threads, children and case
+    directories it had, nothing left running."""
+    before = Usage.now(host)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0)
+        code = attack.code.replace("PORT", str(server.getsockname()[1]))
+        response = run_attack(code, attack.run_timeout)
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    assert_own_outcome(response, attack.expect)
+    then()
+    assert Usage.now(host).minus(before) == Usage(0, 0, 0, 0)
+    assert left_running(str(host.tmpdir)) == []
+
+
+def assert_stopped_for_its_stdout(response: dict[str, Any]) -> None:
+    """A solution that wrote past the output limit on its stdout: stopped, as one past its
+    file-size limit is, the limit's worth kept and the notice on its stderr."""
+    result = response["run_result"]
+    assert (response["status"], result["status"], result["return_code"]) == (
+        "Failed",
+        "Finished",
+        OUTPUT_LIMIT_STATUS,
+    ), response["status"]
+    assert len(result["stdout"]) == OUTPUT_LIMIT
+    notice = "verl-hyperlight: the solution's stdout exceeded 16 MiB; it was stopped"
+    assert result["stderr"].strip() == notice
+
+
+def stdouts_in_ready_guests_and_fresh_ones(
+    run_case: Callable[[], dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """The stdout of a case run three times with ready guests, then twice without."""
+    answers = [run_case()["run_result"]["stdout"] for _ in range(3)]
+    monkeypatch.setenv(_settings.READY_GUESTS.name, "0")
+    return answers + [run_case()["run_result"]["stdout"] for _ in range(2)]
 
 
 def sandbox_error(response: dict[str, Any]) -> str:

@@ -52,6 +52,29 @@ class Served:
         with self.client() as client:
             return client.post("/run_code", json=body, **options)  # type: ignore[arg-type]
 
+    def check_cases(
+        self,
+        language: str,
+        cases: list[tuple[str, Callable[[dict[str, object]], None], str | None, float, dict]],
+    ) -> None:
+        """Post each case (code, check, stdin, run_timeout, files) in `language` as Sandbox
+        Fusion's own tests post it, and hand its response to its check."""
+        with self.client() as client:
+            for code, check, stdin, run_timeout, files in cases:
+                body = {
+                    "compile_timeout": 10,
+                    "run_timeout": run_timeout,
+                    "memory_limit_MB": -1,
+                    "code": code,
+                    "stdin": stdin,
+                    "language": language,
+                    "files": files,
+                    "fetch_files": [],
+                }
+                reply = client.post("/run_code", json=body)
+                assert reply.status_code == 200, reply.text
+                check(reply.json())
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         """Send `sig` and wait for the exit; its status."""
         if self.process.poll() is None:

@@ -11,18 +11,23 @@ micro-VM) answered as such; and the stand-in's bash image held to what hluk's is
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hostside
 import pytest
 from conftest import find_bwrap
-from hostside import Attack, Expect, Host, Usage, assert_own_outcome, left_running
+from hostside import (
+    Attack,
+    Expect,
+    Host,
+    assert_only_its_own,
+    stdouts_in_ready_guests_and_fresh_ones,
+)
 from serving import Served
 
-from verl_hyperlight.case import api
 from verl_hyperlight.case.guests import BASH, guest_for
 from verl_hyperlight.commands import selftest
 from verl_hyperlight.guest.protocol import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
@@ -50,19 +55,8 @@ def busybox_built(standin_path: Path, tmp_path_factory: pytest.TempPathFactory) 
     assert done.returncode == 0, done.stderr
 
 
-def run(
-    code: str,
-    stdin: str | None = None,
-    run_timeout: float = 10,
-    files: dict[str, str | None] | None = None,
-    fetch_files: list[str] | None = None,
-    url: str = "hyperlight://",
-) -> dict[str, Any]:
-    response, error = api.run_code(
-        url, code, stdin, 10, run_timeout, None, "bash", files=files, fetch_files=fetch_files
-    )
-    assert error is None and response is not None, error
-    return response
+def run(code: str, stdin: str | None = None, run_timeout: float = 10, **options: Any) -> Any:
+    return hostside.run(code, stdin, run_timeout, language="bash", **options)
 
 
 # --- Sandbox Fusion's sandbox/tests/runners/test_bash.py ---------------------------------
@@ -139,22 +133,7 @@ def test_sandbox_fusions_bash_test_through_run_code(
 
 
 def test_sandbox_fusions_bash_tests_through_serve(host: Host, serve: Callable[..., Served]) -> None:
-    served = serve()
-    with served.client() as client:
-        for _, code, check, stdin, run_timeout, files in SF_TESTS:
-            body = {
-                "compile_timeout": 10,
-                "run_timeout": run_timeout,
-                "memory_limit_MB": -1,
-                "code": code,
-                "stdin": stdin,
-                "language": "bash",
-                "files": files,
-                "fetch_files": [],
-            }
-            reply = client.post("/run_code", json=body)
-            assert reply.status_code == 200, reply.text
-            check(reply.json())
+    serve().check_cases("bash", [test[1:] for test in SF_TESTS])
 
 
 # --- the case as `/bin/bash FILE.sh` runs it, within what hush can do ----------------------
@@ -239,9 +218,7 @@ def test_cases_in_ready_guests_and_fresh_ones_answer_alike(
 ) -> None:
     code = "n=0\nwhile read -r l; do n=$((n + 1)); done\necho $n\n"
     stdin = "line\n" * 1000
-    answers = [run(code, stdin)["run_result"]["stdout"] for _ in range(3)]
-    monkeypatch.setenv("VERL_HYPERLIGHT_READY_GUESTS", "0")
-    answers += [run(code, stdin)["run_result"]["stdout"] for _ in range(2)]
+    answers = stdouts_in_ready_guests_and_fresh_ones(lambda: run(code, stdin), monkeypatch)
     assert answers == ["1000\n"] * 5
 
 
@@ -350,23 +327,11 @@ BASH_ATTACKS = {
 
 @pytest.mark.parametrize("name", BASH_ATTACKS)
 def test_hostile_shell_scripts_affect_only_their_own_result(host: Host, name: str) -> None:
-    attack = BASH_ATTACKS[name]
+    def then() -> None:
+        assert run("echo $((6 * 7))")["run_result"]["stdout"] == "42\n"
+
     run("true")  # warm
-    before = Usage.now(host)
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        server.settimeout(0)
-        response = run(
-            attack.code.replace("PORT", str(server.getsockname()[1])),
-            run_timeout=attack.run_timeout,
-        )
-        with pytest.raises(BlockingIOError):
-            server.accept()  # nothing of the guest's reached the host's socket
-    assert_own_outcome(response, attack.expect)
-    assert run("echo $((6 * 7))")["run_result"]["stdout"] == "42\n"
-    assert Usage.now(host).minus(before) == Usage(0, 0, 0, 0)
-    assert left_running(str(host.tmpdir)) == []
+    assert_only_its_own(host, BASH_ATTACKS[name], lambda code, limit: run(code, None, limit), then)
 
 
 @pytest.mark.microvm

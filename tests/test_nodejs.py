@@ -13,21 +13,28 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
+import hostside
 import pytest
-from hostside import Attack, Expect, Host, Usage, assert_own_outcome, left_running
+from hostside import (
+    Attack,
+    Expect,
+    Host,
+    assert_only_its_own,
+    assert_stopped_for_its_stdout,
+    stdouts_in_ready_guests_and_fresh_ones,
+)
 from serving import Served
 
 from verl_hyperlight import settings
 from verl_hyperlight.case import api, compiled
 from verl_hyperlight.case.guests import NODE, guest_for
 from verl_hyperlight.commands import selftest
-from verl_hyperlight.guest.protocol import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
+from verl_hyperlight.guest.protocol import OUTPUT_LIMIT
 
 NODE_BINARY = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE_BINARY is None, reason="the stand-in's node image needs node")
@@ -39,23 +46,10 @@ def run(
     code: str,
     stdin: str | None = None,
     run_timeout: float = 10,
-    files: dict[str, str | None] | None = None,
-    fetch_files: list[str] | None = None,
     language: str = "nodejs",
-) -> dict[str, Any]:
-    response, error = api.run_code(
-        "hyperlight://",
-        code,
-        stdin,
-        30,
-        run_timeout,
-        None,
-        language,
-        files=files,
-        fetch_files=fetch_files,
-    )
-    assert error is None and response is not None, error
-    return response
+    **options: Any,
+) -> Any:
+    return hostside.run(code, stdin, run_timeout, language=language, compile_timeout=30, **options)
 
 
 # --- Sandbox Fusion's sandbox/tests/runners/test_nodejs.py -------------------------------
@@ -254,22 +248,8 @@ def test_sandbox_fusions_tests_through_serve(
 ) -> None:
     if language == "typescript" and _typescript_missing() is not None:
         pytest.skip(str(_typescript_missing()))
-    served = serve()
-    with served.client() as client:
-        for _, code, check, stdin, run_timeout in SF_TESTS if language == "nodejs" else TS_TESTS:
-            body = {
-                "compile_timeout": 10,
-                "run_timeout": run_timeout,
-                "memory_limit_MB": -1,
-                "code": code,
-                "stdin": stdin,
-                "language": language,
-                "files": {},
-                "fetch_files": [],
-            }
-            reply = client.post("/run_code", json=body)
-            assert reply.status_code == 200, reply.text
-            check(reply.json())
+    tests = SF_TESTS if language == "nodejs" else TS_TESTS
+    serve().check_cases(language, [(*test[1:], {}) for test in tests])
 
 
 @needs_typescript
@@ -428,16 +408,7 @@ def test_output_past_the_limit_stops_the_solution(host: Host) -> None:
         f"for (let i = 0; i < {OUTPUT_LIMIT // 1024 + 8}; i++) process.stdout.write(line);\n"
         "console.error('never');\n"
     )
-    response = run(code)
-    result = response["run_result"]
-    assert (response["status"], result["status"], result["return_code"]) == (
-        "Failed",
-        "Finished",
-        OUTPUT_LIMIT_STATUS,
-    )
-    assert len(result["stdout"]) == OUTPUT_LIMIT
-    notice = "verl-hyperlight: the solution's stdout exceeded 16 MiB; it was stopped"
-    assert result["stderr"].strip() == notice
+    assert_stopped_for_its_stdout(run(code))
 
 
 def test_cases_in_ready_guests_and_fresh_ones_answer_alike(
@@ -447,9 +418,7 @@ def test_cases_in_ready_guests_and_fresh_ones_answer_alike(
         "let n = 0;\n"
         "process.stdin.on('data', (d) => n += d.length).on('end', () => console.log(n));\n"
     )
-    answers = [run(code, "x" * 100_000)["run_result"]["stdout"] for _ in range(3)]
-    monkeypatch.setenv(settings.READY_GUESTS.name, "0")
-    answers += [run(code, "x" * 100_000)["run_result"]["stdout"] for _ in range(2)]
+    answers = stdouts_in_ready_guests_and_fresh_ones(lambda: run(code, "x" * 100_000), monkeypatch)
     assert answers == ["100000\n"] * 5
 
 
@@ -565,21 +534,11 @@ JS_ATTACKS = {
 
 @pytest.mark.parametrize("name", JS_ATTACKS)
 def test_hostile_javascript_affects_only_its_own_result(host: Host, name: str) -> None:
-    attack = JS_ATTACKS[name]
+    def then() -> None:
+        assert run("console.log(6 * 7)")["run_result"]["stdout"] == "42\n"
+
     run("console.log(0)")  # warm: the footprint is that of a worker that has run cases
-    before = Usage.now(host)
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        server.settimeout(0)
-        code = attack.code.replace("PORT", str(server.getsockname()[1]))
-        response = run(code, run_timeout=attack.run_timeout)
-        with pytest.raises(BlockingIOError):
-            server.accept()  # nothing of the guest's reached the host's socket
-    assert_own_outcome(response, attack.expect)
-    assert run("console.log(6 * 7)")["run_result"]["stdout"] == "42\n"
-    assert Usage.now(host).minus(before) == Usage(0, 0, 0, 0)
-    assert left_running(str(host.tmpdir)) == []
+    assert_only_its_own(host, JS_ATTACKS[name], lambda code, limit: run(code, None, limit), then)
 
 
 @pytest.mark.microvm
