@@ -34,6 +34,7 @@ from hostside import (
 )
 from serving import Served
 
+from verl_hyperlight.case import compiled
 from verl_hyperlight.case.guests import JAVA, guest_for
 from verl_hyperlight.commands import selftest
 from verl_hyperlight.guest.protocol import OUTPUT_LIMIT
@@ -631,3 +632,20 @@ def test_hostile_java_affects_only_its_own_result(host: Host, name: str) -> None
 
     run("public class Main { public static void main(String[] a) { } }")  # warm
     assert_only_its_own(host, JAVA_ATTACKS[name], in_main, then)
+
+
+def test_a_javac_of_21_or_later_compiles_at_sandbox_fusions_level(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    jdk = _jdk25()
+    assert jdk is not None  # the module's skip says so otherwise
+    monkeypatch.setenv("PATH", f"{jdk}/bin:{os.environ['PATH']}")
+    patterns = (
+        "public class Main { public static void main(String[] a) { Object o = 1;"
+        " switch (o) { case Integer i -> System.out.println(i); default -> { } } } }"
+    )
+    assert compiled.build("java", patterns.encode(), 30).result["return_code"] == 0
+    # Java 25's compact source file is past Sandbox Fusion's JDK 21: refused as there.
+    compact = compiled.build("java", b"void main() { IO.println(1); }\n", 30).result
+    assert compact["return_code"] == 1, compact
+    assert "not supported in -source 21" in compact["stderr"], compact
