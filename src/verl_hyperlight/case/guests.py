@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -79,12 +80,9 @@ class Guest:
     def args(self) -> list[str]:
         """hluk run's guest arguments: image, memory, pytest's mount and the warm-up code."""
         memory = [] if self.scratch_mb is None else ["--scratch-mb", str(self.scratch_mb)]
-        if self.image.driver == "node":
-            return [*self.image.args, *memory, "--warm-exec", node_warm_exec_code()]
-        if self.image.driver == "java":
-            return [*self.image.args, *memory, "--warm-exec", java_warm_exec_code()]
-        if self.image.driver == "bash":
-            return [*self.image.args, *memory, "--warm-exec", bash_warm_exec_code()]
+        other = _RUNNERS.get(self.image.driver)
+        if other is not None:
+            return [*self.image.args, *memory, "--warm-exec", other.warm_exec()]
         if self.pytest_library is None:
             return [*self.image.args, *memory, "--warm-exec", warm_exec_code()]
         mount = ["--mount", f"{self.pytest_library}:{runner.PYTEST_MOUNT}:ro"]
@@ -202,16 +200,23 @@ _NODE_PROTOCOL_NAMES = (
     "OUTPUT_LIMIT", "OUTPUT_LIMIT_STATUS", "CHUNK", "FILES_OUT_LIMIT", "FILE_MISSING",
     "FILE_LEFT_OUT", "SOLUTION", "STDIN", "FILES", "FILE_PREFIX",
 )  # fmt: skip
-_NODE_PROTOCOL_FRAMES = ("GO", "REFUSED", "START", "END", "FILE", "DONE", "LAST")
+_PROTOCOL_FRAMES = ("GO", "REFUSED", "START", "END", "FILE", "DONE", "LAST")
+
+
+def _protocol_constants(names: tuple[str, ...]) -> dict[str, object]:
+    """What a runner in another language is given of guest/protocol.py: the constants `names`,
+    the frames' kinds as text, and the status of a report it could not write."""
+    constants: dict[str, object] = {name: getattr(protocol, name) for name in names}
+    constants.update({name: getattr(protocol, name).decode() for name in _PROTOCOL_FRAMES})
+    constants["REPORT_FAILED_STATUS"] = runner.REPORT_FAILED_STATUS
+    return constants
 
 
 @lru_cache(maxsize=1)
 def node_warm_exec_code() -> str:
     """hluk's --warm-exec for the node image: guest/runner.js, given the protocol's constants,
     installed once before the snapshot is taken. The node driver evaluates it as a script."""
-    constants: dict[str, object] = {name: getattr(protocol, name) for name in _NODE_PROTOCOL_NAMES}
-    constants.update({name: getattr(protocol, name).decode() for name in _NODE_PROTOCOL_FRAMES})
-    constants["REPORT_FAILED_STATUS"] = runner.REPORT_FAILED_STATUS
+    constants = _protocol_constants(_NODE_PROTOCOL_NAMES)
     constants["RUNNER_GLOBAL"] = NODE_RUNNER_GLOBAL
     source = resources.files(runner.__package__).joinpath("runner.js").read_text()
     return f"{{\nconst PROTOCOL = {json.dumps(constants)};\n{source}}}\n"
@@ -232,13 +237,10 @@ def java_warm_exec_code() -> str:
     """hluk's --warm-exec for the java image: protocol.py's constants as a class, then
     guest/runner.jsh, declared once before the snapshot is taken, and the runner's warm-up (a
     statement: a call of declarations alone would have the driver look for a main)."""
-    constants: dict[str, object] = {name: getattr(protocol, name) for name in _JAVA_PROTOCOL_NAMES}
-    constants.update({name: getattr(protocol, name).decode() for name in _NODE_PROTOCOL_FRAMES})
-    constants["REPORT_FAILED_STATUS"] = runner.REPORT_FAILED_STATUS
     fields = [
         f"    static final {'String' if isinstance(value, str) else 'int'} {name} = "
         f"{json.dumps(value)};"
-        for name, value in constants.items()
+        for name, value in _protocol_constants(_JAVA_PROTOCOL_NAMES).items()
     ]
     source = resources.files(runner.__package__).joinpath("runner.jsh").read_text()
     protocol_class = "\n".join([f"final class {JAVA_PROTOCOL_CLASS} {{", *fields, "}"])
@@ -252,31 +254,53 @@ _BASH_PROTOCOL_NAMES = (*_JAVA_PROTOCOL_NAMES, "SOLUTION")
 def bash_warm_exec_code() -> str:
     """hluk's --warm-exec for the bash image: protocol.py's constants as VH_ variables, then
     guest/runner.sh's functions, sourced once into the image's shell before the snapshot."""
-    constants: dict[str, object] = {name: getattr(protocol, name) for name in _BASH_PROTOCOL_NAMES}
-    constants.update({name: getattr(protocol, name).decode() for name in _NODE_PROTOCOL_FRAMES})
+    constants = _protocol_constants(_BASH_PROTOCOL_NAMES)
     lines = [f"VH_{name}={shlex.quote(str(value))}" for name, value in constants.items()]
     source = resources.files(runner.__package__).joinpath("runner.sh").read_text()
     return "\n".join([*lines, source])
 
 
+@dataclass(frozen=True)
+class _Runner:
+    """The runner of an image whose driver is not Python's: its warm-exec, and how a call of
+    one of the Python runner's functions (main, await_case, probe) is spelled to it."""
+
+    warm_exec: Callable[[], str]
+    call: Callable[[str, tuple[str, ...]], str]
+
+
+def _node_call(function: str, args: tuple[str, ...]) -> str:
+    names = {"main": "main", "await_case": "awaitCase", "probe": "probe"}
+    arguments = ", ".join(json.dumps(arg) for arg in args)
+    return f"globalThis.{NODE_RUNNER_GLOBAL}.{names[function]}({arguments});"
+
+
+def _java_call(function: str, args: tuple[str, ...]) -> str:
+    names = {"main": "runCase", "await_case": "awaitCase", "probe": "probe"}
+    arguments = ", ".join(json.dumps(arg) for arg in args)
+    return f"{JAVA_RUNNER_CLASS}.{names[function]}({arguments});"
+
+
+def _bash_call(function: str, args: tuple[str, ...]) -> str:
+    names = {"main": "vh_case", "await_case": "vh_await_case", "probe": "vh_probe"}
+    return " ".join([names[function], *(shlex.quote(arg) for arg in args)])
+
+
+# Each image driver's runner, but Python's (guest/runner.py, warmed by warm_exec_code).
+_RUNNERS = {
+    "node": _Runner(node_warm_exec_code, _node_call),
+    "java": _Runner(java_warm_exec_code, _java_call),
+    "bash": _Runner(bash_warm_exec_code, _bash_call),
+}
+
+
 def _call(guest: Guest | None, function: str, *args: str) -> str:
-    if guest is not None and guest.image.driver == "node":
-        arguments = ", ".join(json.dumps(arg) for arg in args)
-        return f"globalThis.{NODE_RUNNER_GLOBAL}.{_NODE_NAMES[function]}({arguments});"
-    if guest is not None and guest.image.driver == "bash":
-        return " ".join([_BASH_NAMES[function], *(shlex.quote(arg) for arg in args)])
-    if guest is not None and guest.image.driver == "java":
-        arguments = ", ".join(json.dumps(arg) for arg in args)
-        return f"{JAVA_RUNNER_CLASS}.{_JAVA_NAMES[function]}({arguments});"
+    other = _RUNNERS.get(guest.image.driver) if guest is not None else None
+    if other is not None:
+        return other.call(function, args)
     module = runner.MODULE_NAME
     arguments = ", ".join(repr(arg) for arg in args)
     return f"__import__({module!r}, fromlist=['_']).{function}({arguments})"
-
-
-# The node and java runners' names of the Python runner's functions.
-_NODE_NAMES = {"main": "main", "await_case": "awaitCase", "probe": "probe"}
-_JAVA_NAMES = {**_NODE_NAMES, "main": "runCase"}
-_BASH_NAMES = {"main": "vh_case", "await_case": "vh_await_case", "probe": "vh_probe"}
 
 
 def workload_code(guest: Guest, case_dir: str, nonce: str) -> str:
