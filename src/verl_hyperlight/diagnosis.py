@@ -404,18 +404,19 @@ def no_cleaner(exc: OSError, tmpfs: str, elsewhere: str) -> str:
 def guest_aborted(driver: str, status: int) -> str:
     """What a guest kernel that aborted while the solution ran most likely means, in the image
     whose driver is `driver` (the solution's answer, return code `status`)."""
-    memory = "the solution exhausted the micro-VM's memory (memory_limit_mb)"
+    memory = "the micro-VM's memory (memory_limit_mb)"
     if driver == "bash":
         return (
             "verl-hyperlight: the guest kernel aborted while the solution ran: in the bash image "
             "(BusyBox's hush, built without an MMU) a pipe, `$( )`, a redirect of an external "
             "command (`cmd >file`, `cmd <file`, `2>&1`), a here-document to a command or `&` "
-            f"crashes the micro-VM, as does {memory.removeprefix('the solution ')}; answered "
+            f"crashes the micro-VM, as does exhausting {memory}; answered "
             f"as a kill (return code {status}): see the languages page's Bash section\n"
         )
     return (
         "verl-hyperlight: the guest kernel aborted while the solution ran, most often because "
-        f"{memory}; answered as an out-of-memory kill (return code {status})\n"
+        f"the solution exhausted {memory}; answered as an out-of-memory kill (return code "
+        f"{status})\n"
     )
 
 

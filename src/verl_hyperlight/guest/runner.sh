@@ -146,7 +146,6 @@ vh_case() {
         *) vh_el=$vh_l ;;
         esac
     done <"$vh_o/time"
-    cd "$vh_w" || return 1
     vh_report
     return 0
 }
