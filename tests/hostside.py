@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -271,6 +272,24 @@ def stdouts_in_ready_guests_and_fresh_ones(
     answers = [run_case()["run_result"]["stdout"] for _ in range(3)]
     monkeypatch.setenv(_settings.READY_GUESTS.name, "0")
     return answers + [run_case()["run_result"]["stdout"] for _ in range(2)]
+
+
+def standin_run(
+    runtime: str, code: str, standin_env: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess[bytes]:
+    """One `hluk run` of the stand-in in `runtime`'s image: `code` as its --exec, `extra`
+    arguments before it."""
+    return subprocess.run(
+        [standin_env["HLUK_PATH"], "run", "--runtime", runtime, *extra, "--exec", code],
+        capture_output=True,
+        env={**os.environ, **standin_env},
+        timeout=120,
+    )
+
+
+def console_lines(done: subprocess.CompletedProcess[bytes]) -> list[str]:
+    """The lines a stand-in run wrote to its console (hluk's stdout, \r\n line ends)."""
+    return done.stdout.decode().replace("\r\n", "\n").splitlines()
 
 
 def sandbox_error(response: dict[str, Any]) -> str:

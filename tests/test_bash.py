@@ -24,6 +24,8 @@ from hostside import (
     Expect,
     Host,
     assert_only_its_own,
+    console_lines,
+    standin_run,
     stdouts_in_ready_guests_and_fresh_ones,
 )
 from serving import Served
@@ -242,55 +244,41 @@ def test_selftest_checks_a_bash_case(host: Host) -> None:
 # --- the stand-in's bash image, as hluk's -------------------------------------------------
 
 
-def standin_bash(
-    code: str, standin_env: dict[str, str], *extra: str
-) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [standin_env["HLUK_PATH"], "run", "--runtime", "bash", *extra, "--exec", code],
-        capture_output=True,
-        env={**os.environ, **standin_env},
-        timeout=120,
-    )
-
-
-def console(done: subprocess.CompletedProcess[bytes]) -> list[str]:
-    return done.stdout.decode().replace("\r\n", "\n").splitlines()
-
-
 def test_the_standin_bash_image_sources_calls_into_one_hush_as_hluks_driver_does(
     standin_env: dict[str, str],
 ) -> None:
     failed = "hl_driver: dispatch callback failed"
     # The warm-exec's functions and variables stay for the code's call; --env is exported.
-    done = standin_bash(
+    done = standin_run("bash",
         'f; echo "$kept $WHO"', standin_env, "--warm-exec", "kept=41; f() { echo f; }",
         "--env", "WHO=me",
     )  # fmt: skip
-    assert (done.returncode, console(done)) == (0, ["f", "41 me"]), done
+    assert (done.returncode, console_lines(done)) == (0, ["f", "41 me"]), done
     # A call's status is its last command's, 0 or 1; `exit N` ends the shell with N.
-    done = standin_bash("false", standin_env)
-    assert (done.returncode, console(done)) == (1, [failed]), done
-    done = standin_bash("echo bye; exit 5", standin_env)
-    assert (done.returncode, console(done)) == (5, ["bye", failed]), done
+    done = standin_run("bash", "false", standin_env)
+    assert (done.returncode, console_lines(done)) == (1, [failed]), done
+    done = standin_run("bash", "echo bye; exit 5", standin_env)
+    assert (done.returncode, console_lines(done)) == (5, ["bye", failed]), done
     # hush, not bash: no arrays, no [[ ]] with patterns of bash's, no /bin/bash
-    done = standin_bash("[ -e /bin/bash ] || echo no bash; a=(1 2) || true", standin_env)
-    assert console(done)[0] == "no bash" and done.returncode != 0, done
+    done = standin_run("bash", "[ -e /bin/bash ] || echo no bash; a=(1 2) || true", standin_env)
+    assert console_lines(done)[0] == "no bash" and done.returncode != 0, done
 
 
 def test_the_standin_bash_images_vfork_children_crash_it_as_hluks_do(
     standin_env: dict[str, str],
 ) -> None:
     for code in ("echo a | cat", "cat /dev/null >/tmp/x", "x=$(true)", "cat <<E\nx\nE"):
-        done = standin_bash(f"echo before\n{code}\necho after", standin_env)
-        assert done.returncode == 1 and "after" not in console(done), (code, done)
+        done = standin_run("bash", f"echo before\n{code}\necho after", standin_env)
+        assert done.returncode == 1 and "after" not in console_lines(done), (code, done)
         assert done.stderr.decode().splitlines()[-1].startswith("error: Guest aborted:"), done
     # What hush sets in its own process, and plain external commands, do not.
-    done = standin_bash(
+    done = standin_run(
+        "bash",
         "{ cat /case-less; echo kept; } >/tmp/x 2>&1; cat /tmp/x; echo y >/tmp/y; cat /tmp/y",
         standin_env,
     )
     lines = ["cat: can't open '/case-less': No such file or directory", "kept", "y"]
-    assert (done.returncode, console(done)) == (0, lines), done
+    assert (done.returncode, console_lines(done)) == (0, lines), done
 
 
 # --- hostile shell scripts ----------------------------------------------------------------

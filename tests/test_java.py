@@ -29,7 +29,9 @@ from hostside import (
     Usage,
     assert_only_its_own,
     assert_stopped_for_its_stdout,
+    console_lines,
     left_running,
+    standin_run,
     stdouts_in_ready_guests_and_fresh_ones,
 )
 from serving import Served
@@ -465,41 +467,27 @@ def test_a_case_leaves_nothing_behind(host: Host) -> None:
 # --- the stand-in's java image, as hluk's -------------------------------------------------
 
 
-def standin_java(
-    code: str, standin_env: dict[str, str], *extra: str
-) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [standin_env["HLUK_PATH"], "run", "--runtime", "java", *extra, "--exec", code],
-        capture_output=True,
-        env={**os.environ, **standin_env},
-        timeout=120,
-    )
-
-
-def console(done: subprocess.CompletedProcess[bytes]) -> list[str]:
-    return done.stdout.decode().replace("\r\n", "\n").splitlines()
-
-
 def test_the_standin_java_image_runs_jshell_snippets_as_hluks_driver_does(
     standin_env: dict[str, str],
 ) -> None:
     # Statements and declarations in any mix, the preamble's `import module java.base`.
-    done = standin_java(
+    done = standin_run(
+        "java",
         'var xs = List.of(1, 2);\nSystem.out.println("sum " + (xs.get(0) + xs.get(1)));',
         standin_env,
     )
-    assert (done.returncode, console(done)) == (0, ["sum 3"]), done
+    assert (done.returncode, console_lines(done)) == (0, ["sum 3"]), done
     # Declarations alone run their main; with a statement, none runs.
     declared = 'class App { static void main(String[] a) { System.out.println("main ran"); } }'
-    done = standin_java(declared, standin_env)
-    assert (done.returncode, console(done)) == (0, ["main ran"]), done
-    done = standin_java(declared + '\nSystem.out.println("statement");', standin_env)
-    assert (done.returncode, console(done)) == (0, ["statement"]), done
+    done = standin_run("java", declared, standin_env)
+    assert (done.returncode, console_lines(done)) == (0, ["main ran"]), done
+    done = standin_run("java", declared + '\nSystem.out.println("statement");', standin_env)
+    assert (done.returncode, console_lines(done)) == (0, ["statement"]), done
     # The warm-exec's declarations stay for the code's call.
-    done = standin_java(
-        "System.out.println(kept + 1);", standin_env, "--warm-exec", "int kept = 41;"
+    done = standin_run(
+        "java", "System.out.println(kept + 1);", standin_env, "--warm-exec", "int kept = 41;"
     )
-    assert (done.returncode, console(done)) == (0, ["42"]), done
+    assert (done.returncode, console_lines(done)) == (0, ["42"]), done
 
 
 def test_the_standin_java_images_failures_and_exits_are_hluks(
@@ -507,17 +495,19 @@ def test_the_standin_java_images_failures_and_exits_are_hluks(
 ) -> None:
     failed = "hl_driver: dispatch callback failed"
     # A compile error and an exception fail the call with status 1.
-    done = standin_java("System.uto.println(1);", standin_env)
-    assert done.returncode == 1 and console(done)[0].startswith("error: "), done
-    assert console(done)[-1] == failed
-    done = standin_java('throw new IllegalStateException("no");', standin_env)
+    done = standin_run("java", "System.uto.println(1);", standin_env)
+    assert done.returncode == 1 and console_lines(done)[0].startswith("error: "), done
+    assert console_lines(done)[-1] == failed
+    done = standin_run("java", 'throw new IllegalStateException("no");', standin_env)
     assert done.returncode == 1, done
-    assert console(done)[0] == 'Exception in thread "main" java.lang.IllegalStateException: no'
+    assert (
+        console_lines(done)[0] == 'Exception in thread "main" java.lang.IllegalStateException: no'
+    )
     # System.exit ends the JVM: its status is the call's, and so hluk's.
-    done = standin_java('System.out.println("bye"); System.exit(5);', standin_env)
-    assert (done.returncode, console(done)) == (5, ["bye", failed]), done
-    done = standin_java("System.exit(0);", standin_env)
-    assert (done.returncode, console(done)) == (0, []), done
+    done = standin_run("java", 'System.out.println("bye"); System.exit(5);', standin_env)
+    assert (done.returncode, console_lines(done)) == (5, ["bye", failed]), done
+    done = standin_run("java", "System.exit(0);", standin_env)
+    assert (done.returncode, console_lines(done)) == (0, []), done
 
 
 def test_the_standin_java_image_has_no_ea_and_only_the_images_modules(
@@ -533,9 +523,9 @@ def test_the_standin_java_image_has_no_ea_and_only_the_images_modules(
         ' System.out.println("shell"); }\n'
         'catch (java.io.IOException e) { System.out.println("no shell"); }\n'
     )
-    done = standin_java(code, standin_env)
+    done = standin_run("java", code, standin_env)
     assert done.returncode == 0, done
-    assert console(done) == [
+    assert console_lines(done) == [
         "no -ea",
         "java.desktop false",
         "jdk.jfr false",

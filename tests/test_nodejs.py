@@ -26,6 +26,7 @@ from hostside import (
     Host,
     assert_only_its_own,
     assert_stopped_for_its_stdout,
+    standin_run,
     stdouts_in_ready_guests_and_fresh_ones,
 )
 from serving import Served
@@ -440,19 +441,11 @@ def test_selftest_checks_a_nodejs_case(host: Host) -> None:
 # --- the stand-in's node image, as hluk's -------------------------------------------------
 
 
-def standin_node(code: str, standin_env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [standin_env["HLUK_PATH"], "run", "--runtime", "node", "--exec", code],
-        capture_output=True,
-        env={**os.environ, **standin_env},
-        timeout=120,
-    )
-
-
 def test_the_standin_node_image_holds_no_node_modules_and_no_shell(
     standin_env: dict[str, str],
 ) -> None:
-    done = standin_node(
+    done = standin_run(
+        "node",
         "for (const m of ['npm', 'corepack', 'typescript', 'lodash']) {"
         " try { require(m); console.log('has', m) } catch (e) { console.log(e.code, m) } }\n"
         "try { require('child_process').execSync('echo hi'); console.log('shell') }"
@@ -470,11 +463,13 @@ def test_the_standin_node_drivers_exit_throws_and_its_errors_are_its_own(
 ) -> None:
     # hl_nodedriver's bootstrap: process.exit throws (a catch swallows it), an error nothing
     # caught prints its stack alone and fails the call with 1, argv is the bootstrap's.
-    swallowed = standin_node(
-        "try { process.exit(4) } catch (e) { console.log('caught') }", standin_env
+    swallowed = standin_run(
+        "node", "try { process.exit(4) } catch (e) { console.log('caught') }", standin_env
     )
     assert (swallowed.returncode, swallowed.stdout) == (0, b"caught\r\n")
-    thrown = standin_node("console.log(process.argv.length, typeof exports); null.x", standin_env)
+    thrown = standin_run(
+        "node", "console.log(process.argv.length, typeof exports); null.x", standin_env
+    )
     assert thrown.returncode == 1
     out = thrown.stdout.decode().replace("\r\n", "\n")
     assert out.startswith("2 undefined\nTypeError: Cannot read properties of null")
