@@ -254,6 +254,9 @@ def test_the_standin_bash_image_sources_calls_into_one_hush_as_hluks_driver_does
         "--env", "WHO=me",
     )  # fmt: skip
     assert (done.returncode, console_lines(done)) == (0, ["f", "41 me"]), done
+    # The shell is started with the bootstrap alone: no positional parameters.
+    done = standin_run("bash", 'echo "$#"', standin_env)
+    assert (done.returncode, console_lines(done)) == (0, ["0"]), done
     # A call's status is its last command's, 0 or 1; `exit N` ends the shell with N.
     done = standin_run("bash", "false", standin_env)
     assert (done.returncode, console_lines(done)) == (1, [failed]), done
