@@ -254,6 +254,9 @@ def test_the_standin_bash_image_sources_calls_into_one_hush_as_hluks_driver_does
         "--env", "WHO=me",
     )  # fmt: skip
     assert (done.returncode, console_lines(done)) == (0, ["f", "41 me"]), done
+    # Nothing of the host's files but the C library BusyBox loads (the image: BusyBox alone).
+    done = standin_run("bash", "[ -e /usr/lib/jvm ] || [ -e /usr/bin ] || echo none", standin_env)
+    assert (done.returncode, console_lines(done)) == (0, ["none"]), done
     # The shell is started with the bootstrap alone: no positional parameters.
     done = standin_run("bash", 'echo "$#"', standin_env)
     assert (done.returncode, console_lines(done)) == (0, ["0"]), done
