@@ -522,6 +522,8 @@ def test_the_standin_java_image_has_no_ea_and_only_the_images_modules(
         'try { new ProcessBuilder("/bin/sh", "-c", "true").start();'
         ' System.out.println("shell"); }\n'
         'catch (java.io.IOException e) { System.out.println("no shell"); }\n'
+        'System.out.println(new java.io.File("/usr/lib/jvm").exists()'
+        ' || new java.io.File("/usr/bin").exists() ? "host files" : "the image\'s alone");\n'
     )
     done = standin_run("java", code, standin_env)
     assert done.returncode == 0, done
@@ -533,6 +535,7 @@ def test_the_standin_java_image_has_no_ea_and_only_the_images_modules(
         "jdk.compiler true",
         "1",
         "no shell",
+        "the image's alone",
     ]
 
 
