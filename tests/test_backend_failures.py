@@ -439,8 +439,11 @@ def test_hluk_gets_what_it_reads_of_the_workers_environment_and_nothing_else(
     names = {line.split("=", 1)[0] for line in seen.read_text().splitlines()}
     assert {"PATH", "HOME", "HLUK_CACHE_DIR", "HLUK_REGISTRY", "HTTPS_PROXY"} <= names
     assert "do-not-pass" not in seen.read_text()
-    # What is left is hluk's, or what the operator added (the stand-in's own settings here).
-    extra = {name for name in names if name not in {p.name for p in _settings.PASSED}}
+    # What is left is hluk's, or what the operator added (the stand-in's own settings here),
+    # and the worker's token, by which its cleaner finds its hluks (a random name, no secret).
+    assert _settings.WORKER_TOKEN in names
+    passed = {p.name for p in _settings.PASSED} | {_settings.WORKER_TOKEN}
+    extra = {name for name in names if name not in passed}
     assert all(name.startswith("HLUK_STANDIN_") for name in extra - {"PWD", "SHLVL", "_"}), extra
 
 

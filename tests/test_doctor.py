@@ -14,8 +14,10 @@ from hostside import KVM_FAILURE, Host, fail_with
 
 from verl_hyperlight import diagnosis as _diagnosis
 from verl_hyperlight import node
+from verl_hyperlight import settings as _settings
 from verl_hyperlight.cli import main
 from verl_hyperlight.commands import doctor
+from verl_hyperlight.hluk import cleaner as _cleaner
 from verl_hyperlight.hluk import spawn as _spawn
 from verl_hyperlight.hluk import spawners as _spawners
 
@@ -299,6 +301,7 @@ def test_a_cold_node_warns_to_warm_up_and_is_warm_after(
 def test_a_spawner_that_cannot_start_warns_with_the_way_taken_instead(
     host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    monkeypatch.setenv(_settings.SPAWN.name, "spawner")
     monkeypatch.setattr(_spawners, "_spawners", {})
     monkeypatch.setattr(_spawners, "_starts", _spawners._Starts())
     monkeypatch.setattr(_spawners, "SPAWNER_SCRIPT", "/nonexistent/spawner.py")
@@ -309,6 +312,25 @@ def test_a_spawner_that_cannot_start_warns_with_the_way_taken_instead(
     monkeypatch.setattr(_spawn, "setpriv", lambda: None)
     _, found = run_doctor(capsys)
     assert "fork" in found["spawn"]["detail"] and "util-linux" in found["spawn"]["fix"]
+
+
+def test_a_cleaner_that_cannot_start_warns_and_hluk_is_started_another_way(
+    host: Host,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.delenv(_settings.SPAWN.name, raising=False)  # the default: direct
+    monkeypatch.setattr(_cleaner, "_cleaner", _cleaner._Cleaner())
+    monkeypatch.setattr(_cleaner.sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(_spawners, "_spawners", {})
+    monkeypatch.setattr(_spawners, "_starts", _spawners._Starts())
+    _, found = run_doctor(capsys)
+    assert found["spawn"]["status"] == "warn"
+    assert found["spawn"]["detail"].startswith("the cleaner cannot start")
+    assert "setpriv" in found["spawn"]["detail"]
+    said = [r.getMessage() for r in caplog.records if "cleaner" in r.getMessage()]
+    assert len(said) == 1 and "/nonexistent/python" in said[0], said
 
 
 def test_an_oversubscribed_sizing_fails_with_the_max_concurrent_that_fits(

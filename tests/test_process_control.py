@@ -108,6 +108,69 @@ def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
     assert wait_for(lambda: not list(worker_tmp.iterdir())), list(worker_tmp.iterdir())
 
 
+# A reward worker whose C library forked a child before its cases (no at-fork handler of
+# Python's runs in it, which would close it): the child holds the cleaner's pipe open after
+# the worker's death.
+FORKING_WORKER = """
+import ctypes, sys, threading, time
+from verl_hyperlight import run_code
+run_code("hyperlight://", "pass", "", None, 60, None)  # the cleaner started
+libc = ctypes.PyDLL(None)
+if libc.fork() == 0:
+    libc.pause()
+for _ in range(int(sys.argv[2])):
+    threading.Thread(
+        target=run_code, args=("hyperlight://", sys.argv[1], "", None, 60, None), daemon=True
+    ).start()
+time.sleep(600)
+"""
+
+
+def test_hluk_goes_with_a_killed_worker_whose_forked_child_lives_on(
+    host: Host, tmp_path: Path
+) -> None:
+    """The direct way: the cleaner sees the worker die by its pidfd, not only its pipe, which
+    a child the worker forked keeps open; every hluk of the worker is killed with its group."""
+    run("pass")
+    marker = uuid.uuid4().hex
+    code = sleeper(marker) + "import time\ntime.sleep(60)\n"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", FORKING_WORKER, code, "2"],
+        env={**os.environ, _settings.SPAWN.name: "direct"},
+    )
+    forked = 0
+    try:
+        own = wait_for(lambda: Path(f"/proc/{worker.pid}/cmdline").read_bytes())
+        # The sleepers, beside the worker and its forked child (whose argv holds the marker)
+        sleepers = wait_for(
+            lambda: (
+                [
+                    pid
+                    for pid in processes_with(f"# {marker}")
+                    if Path(f"/proc/{pid}/cmdline").read_bytes() != own
+                ]
+                if len(processes_with(f"# {marker}")) == 4
+                else []
+            )
+        )
+        assert sleepers, "the worker's cases did not all start"
+        (forked,) = [
+            pid
+            for pid in children_of(worker.pid)
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == own
+        ]
+        started = {p: c for p, c in descendants_of(worker.pid).items() if p != forked}
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    try:
+        assert wait_for(lambda: not still_running(started)), still_running(started)
+        assert processes_with(f"# {marker}") == [forked]
+    finally:
+        if forked:
+            os.kill(forked, signal.SIGKILL)
+
+
 def test_nothing_is_left_behind_after_many_cases_including_failures(
     host: Host, monkeypatch: pytest.MonkeyPatch, fail_file: Path, way: str
 ) -> None:
@@ -270,12 +333,13 @@ def test_cases_run_in_a_worker_holding_more_than_1024_descriptors(host: Host, wa
 
 
 def test_cases_tell_the_cleaner_nothing_once_their_root_is_known(host: Host) -> None:
-    """The cleaner of case directories is woken by no case: the worker's directories are
-    named with its token, and a root is told once (each record would wake it)."""
+    """The cleaner is woken by no case: the worker's directories are named with its token,
+    hluk's environment carries it, and a root is told once (each record would wake it)."""
     from verl_hyperlight.case import casedir
+    from verl_hyperlight.hluk import cleaner as _cleaner
 
     assert result(run("print(0)"))[3] == "0\n"
-    process = casedir._janitor._process
+    process = _cleaner._cleaner._process
     assert process is not None
     # The cleaner is the child of the process the worker started, which only waits for it.
     (cleaner,) = children_of(process.pid)
@@ -290,6 +354,6 @@ def test_cases_tell_the_cleaner_nothing_once_their_root_is_known(host: Host) -> 
     assert switches() == before
     made = casedir.make_empty()  # named as the cleaner will find it, with the worker's token
     try:
-        assert os.path.basename(made.path).startswith(casedir._janitor.prefix)
+        assert os.path.basename(made.path).startswith(_cleaner.token())
     finally:
         made.remove()

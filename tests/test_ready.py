@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -78,7 +79,8 @@ def ready_runs(host: Host) -> list[list[str]]:
 
 def ready_hluks(host: Host) -> list[int]:
     """The stand-in hluks waiting as ready guests of this test (their case directories are in
-    its tmpfs): the hluk itself, not the bwrap and guest below it."""
+    its tmpfs): the hluk itself, not the bwrap and guest below it; not one whose case was
+    answered (its directory removed), which tears its guest down meanwhile."""
     found = []
     # Not the child a stand-in hluk forks for its guest, which shows the hluk's argv until it
     # execs (its preexec_fn runs first; seen once in CI): processes_running leaves it out.
@@ -87,7 +89,13 @@ def ready_hluks(host: Host) -> list[int]:
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
         except FileNotFoundError:
             continue
-        if b".await_case(" in command and b"/standin/hluk\0" in command:
+        mounted = re.search(rb"--mount\0([^\0]*):/case", command)
+        if (
+            b".await_case(" in command
+            and b"/standin/hluk\0" in command
+            and mounted is not None
+            and os.path.isdir(mounted.group(1))
+        ):
             found.append(pid)
     return found
 

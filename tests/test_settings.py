@@ -73,19 +73,24 @@ def test_each_setting_is_read_as_the_environment_is_at_each_use(
     assert _settings.POD_NAME.value() == ""
 
 
-def test_the_way_hluk_is_started_is_one_of_the_ways_else_the_spawner(
+def test_the_way_hluk_is_started_is_one_of_the_ways_else_direct(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(_settings, "_unusable", CauseCounts())
-    for text, way in [("", "spawner"), ("fork", "fork"), ("setpriv", "setpriv")]:
+    for text, way in [
+        ("", "direct"),
+        ("spawner", "spawner"),
+        ("fork", "fork"),
+        ("setpriv", "setpriv"),
+    ]:
         monkeypatch.setenv(_settings.SPAWN.name, text)
         assert _settings.SPAWN.value() == way
     assert said_about(caplog, _settings.SPAWN.name) == []
     monkeypatch.setenv(_settings.SPAWN.name, "vfork")
-    assert _settings.SPAWN.value() == "spawner"
+    assert _settings.SPAWN.value() == "direct"
     assert said_about(caplog, _settings.SPAWN.name) == [
-        "verl-hyperlight: VERL_HYPERLIGHT_SPAWN='vfork' is not one of spawner, setpriv, fork; "
-        "using spawner"
+        "verl-hyperlight: VERL_HYPERLIGHT_SPAWN='vfork' is not one of direct, spawner, setpriv, "
+        "fork; using direct"
     ]
 
 

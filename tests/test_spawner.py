@@ -44,8 +44,9 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_run_code.
 
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A process with no spawner yet, and one at most (the tests' own are put back after)."""
-    monkeypatch.delenv(_settings.SPAWN.name, raising=False)
+    """A process that starts hluk through spawners, with none yet, and one at most (the
+    tests' own are put back after)."""
+    monkeypatch.setenv(_settings.SPAWN.name, "spawner")
     monkeypatch.setattr(_spawners, "_spawners", {})
     monkeypatch.setattr(_spawners, "SPAWNERS", 1)
     monkeypatch.setattr(_spawners, "_starts", _spawners._Starts())
@@ -265,7 +266,7 @@ def test_a_frozen_spawner_holds_no_case_past_its_time_limit(
     assert spawner_pid() == spawner
 
 
-def test_an_unknown_way_is_logged_once_and_the_spawner_used(
+def test_an_unknown_way_is_logged_once_and_the_default_used(
     host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     setting = f"vfork-{uuid.uuid4().hex[:6]}"  # a new value: the choice is cached per value
@@ -273,8 +274,9 @@ def test_an_unknown_way_is_logged_once_and_the_spawner_used(
     for _ in range(2):
         assert result(run("print(4)"))[3] == "4\n"
     errors = [r.getMessage() for r in caplog.records if setting in r.getMessage()]
-    assert len(errors) == 1 and "spawner, setpriv, fork" in errors[0]
-    assert _spawners._spawners[0].alive
+    assert len(errors) == 1 and "direct, spawner, setpriv, fork" in errors[0]
+    assert errors[0].endswith("using direct")
+    assert _spawners._spawners == {}  # hluk was started directly
 
 
 @pytest.mark.parametrize("way", _settings.SPAWN_WAYS)
@@ -320,7 +322,11 @@ os.waitpid(child, 0)
 def test_a_forked_worker_starts_a_spawner_of_its_own(host: Host) -> None:
     # The parent's spawner dies with the parent, and must not start the child's hluk.
     done = subprocess.run(
-        [sys.executable, "-c", FORKING_WORKER], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", FORKING_WORKER],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, _settings.SPAWN.name: "spawner"},
     )
     assert done.returncode == 0, done.stderr
     parent_spawner, child_spawner, its_own = done.stdout.split()

@@ -393,11 +393,14 @@ def off_tmpfs_fix(elsewhere: str) -> str:
     )
 
 
-def no_cleaner(exc: OSError, tmpfs: str, elsewhere: str) -> str:
-    """What is said when the cleaner of case directories cannot start (`exc`)."""
+def no_cleaner(exc: OSError) -> str:
+    """What is said when the cleaner, which ends what a dead worker leaves, cannot start
+    (`exc`)."""
     return (
-        f"cannot start the cleaner of case directories ({exc}): a reward worker that is killed "
-        f"mid-case leaves them behind (in {CASE_DIR.name}, {tmpfs} or {elsewhere})"
+        f"cannot start the cleaner of what a dead worker leaves ({exc}): hluk is started another "
+        "way, which ends it when the worker dies, but a reward worker that is killed mid-case "
+        f"leaves its case directories behind (in {CASE_DIR.name}, /dev/shm or the temporary "
+        "directory)"
     )
 
 

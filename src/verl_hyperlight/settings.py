@@ -125,7 +125,10 @@ def _additions(text: str) -> Additions:
 
 
 # How hluk may be started (see hluk/spawn.py), the default first.
-SPAWN_WAYS = ("spawner", "setpriv", "fork")
+SPAWN_WAYS = ("direct", "spawner", "setpriv", "fork")
+# The variable hluk's environment carries the worker's token in, by which the worker's
+# cleaner finds its hluks once the worker has died (hluk/cleaner.py).
+WORKER_TOKEN = "VERL_HYPERLIGHT_WORKER"
 
 STARTUP_TIMEOUT = _seconds(
     "VERL_HYPERLIGHT_STARTUP_TIMEOUT",
@@ -174,8 +177,9 @@ SPAWN = Setting(
     SPAWN_WAYS[0],
     SPAWN_WAYS[0],
     _one_of(SPAWN_WAYS),
-    "How hluk is started: spawner (posix_spawn, from a helper process), setpriv (an extra "
-    "exec per case) or fork (a fork of the worker).",
+    "How hluk is started: direct (posix_spawn from the worker; the cleaner ends hluk if "
+    "the worker dies), spawner (posix_spawn, from a helper process), setpriv (an extra exec "
+    "per case) or fork (a fork of the worker).",
 )
 CASE_DIR = Setting(
     "VERL_HYPERLIGHT_CASE_DIR",
@@ -526,6 +530,11 @@ def reference() -> str:
     for passed in PASSED:
         to = "hluk" if passed.to_hluk else "the spawner"
         rows.append(f"| `{passed.name}` | {to} | {passed.description} |")
+    rows += [
+        "",
+        f"hluk's environment also carries `{WORKER_TOKEN}`, the worker's token (a random",
+        "name), by which the worker's cleaner finds and ends its hluks if the worker dies.",
+    ]
     return "\n".join(rows) + "\n"
 
 

@@ -212,7 +212,7 @@ def _run_case(path: str, case: Case, cancel: threading.Event | None) -> Response
 
         def run(argv: list[str], nonce: str) -> RawOutcome:
             return watch.run(
-                argv, nonce, limits, cwd=case_dir.parent, cancel=cancel, meanwhile=meanwhile
+                argv, nonce, limits, cwd=case_dir.workdir, cancel=cancel, meanwhile=meanwhile
             )
 
         return gate.fresh_run(

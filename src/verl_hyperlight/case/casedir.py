@@ -15,15 +15,13 @@ import logging
 import os
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 
 from .. import diagnosis, settings
 from ..errors import CauseCounts
 from ..guest import protocol
+from ..hluk import cleaner
 
 logger = logging.getLogger("verl_hyperlight")
 
@@ -34,107 +32,6 @@ TMPFS = "/dev/shm"
 TMPFS_KEEP_FREE = 0.5
 FULL = frozenset((errno.ENOSPC, errno.EDQUOT))
 MIB = 1024 * 1024
-
-
-class _Janitor:
-    """Removes the case directories of a process that died before it could.
-
-    run_code removes each case directory when the case ends, but a worker killed mid-case
-    (SIGKILL, the OOM killer) cannot; its hluk processes die with it, its directories (each
-    holding a solution and up to 256 MiB of stdin) would stay behind. So a child process,
-    started with the first case, holds a pipe from this process and, once the pipe ends
-    (this process has gone, however it went), removes every directory of this process's
-    still in the roots it was told of. A case tells it nothing: this process's directories
-    are named with a token of its own (`prefix`), and a root is told once, the first time a
-    case directory is made there. Each record wrote to the pipe would wake the cleaner, which
-    costs a case's thread more than the write and the cleaner a read: a tenth of a trivial
-    case's host CPU, for a list the names already make. The token and the told roots are
-    per-process state, set under a lock; a forked child has a cleaner and a token of its own.
-
-    The process this one starts forks the cleaner and waits for it: Ray, ending a worker,
-    SIGKILLs the worker's direct children first (``CoreWorker::KillChildProcs``), which the
-    cleaner, a grandchild, outlives to hear the pipe end."""
-
-    _CODE = (
-        "import os, shutil, sys\n"
-        "if child := os.fork():\n"
-        "    os.close(0)\n"
-        "    os.waitpid(child, 0)\n"
-        "    os._exit(0)\n"
-        "prefix, roots, rest = os.fsencode(sys.argv[1]), set(), b''\n"
-        "while chunk := os.read(0, 65536):\n"
-        "    *records, rest = (rest + chunk).split(b'\\0')\n"
-        "    roots.update(records)\n"
-        "for root in roots:\n"
-        "    try:\n"
-        "        names = os.listdir(root)\n"
-        "    except OSError:\n"
-        "        continue\n"
-        "    for name in names:\n"
-        "        if name.startswith(prefix):\n"
-        "            shutil.rmtree(os.path.join(root, name), ignore_errors=True)\n"
-    )
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._started = False
-        self._process: subprocess.Popen[bytes] | None = None  # kept: its pipe must stay open
-        self._roots: set[str] = set()
-        # What this process's case directories' names start with.
-        self.prefix = f"verl-hyperlight-{secrets.token_hex(8)}-"
-
-    def watch(self, root: str) -> None:
-        """Have the cleaner remove this process's directories in `root`: told once per root."""
-        if root in self._roots:
-            return
-        with self._lock:
-            if root in self._roots:
-                return
-            if not self._started:
-                self._process = self._start()
-                self._started = True
-            if self._process is not None and self._process.stdin is not None:
-                try:
-                    os.write(self._process.stdin.fileno(), os.fsencode(root) + b"\0")
-                except (OSError, ValueError):
-                    pass  # the cleaner is gone: cases still remove their own directories
-            self._roots.add(root)
-
-    def _start(self) -> subprocess.Popen[bytes] | None:
-        null = -1
-        try:
-            # Our own /dev/null, opened before the pipe: Python 3.10's Popen leaks the pipe it
-            # made when its DEVNULL cannot be opened after it (EMFILE).
-            null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-            return subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", self._CODE, self.prefix],
-                stdin=subprocess.PIPE,
-                stdout=null,
-                stderr=null,
-                close_fds=True,
-                start_new_session=True,  # a signal to the worker's group must not stop it early
-            )
-        except OSError as exc:
-            logger.warning(
-                "verl-hyperlight: %s", diagnosis.no_cleaner(exc, TMPFS, tempfile.gettempdir())
-            )
-            return None
-        finally:
-            if null >= 0:
-                os.close(null)
-
-
-_janitor = _Janitor()
-
-
-def _forget_in_child() -> None:
-    """A forked worker names its directories with a token of its own, and has them removed
-    by a cleaner of its own (its parent's removes the parent's when the parent is gone)."""
-    global _janitor
-    _janitor = _Janitor()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class _Warnings(CauseCounts):
@@ -188,8 +85,14 @@ class CaseDir:
 
     @property
     def parent(self) -> str:
-        """Where hluk runs: the directory holding this one."""
+        """The directory holding this one."""
         return os.path.dirname(self.path)
+
+    @property
+    def workdir(self) -> str | None:
+        """Where hluk must run for its `mount` (None: anywhere, the mount's path is
+        absolute)."""
+        return self.parent if ":" in self.path else None
 
     def mount(self, target: str) -> str:
         """hluk's --mount of this directory, read-only at `target` in the guest."""
@@ -294,9 +197,9 @@ def _make_in(root: str, files: list[tuple[str, bytes]]) -> CaseDir:
     cannot be made or written."""
     # As mkdtemp makes one, less its name's eight random.choice calls: 64 random bits do not
     # collide.
-    _janitor.watch(root)  # before the directory is made: a death after leaves none behind
+    cleaner.watch(root)  # before the directory is made: a death after leaves none behind
     made = CaseDir(
-        os.path.join(root, _janitor.prefix + secrets.token_hex(8)),
+        os.path.join(root, cleaner.token() + secrets.token_hex(8)),
         tuple(name for name, _ in files),
     )
     os.mkdir(made.path, 0o700)

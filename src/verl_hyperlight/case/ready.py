@@ -301,7 +301,7 @@ class ReadyGuests:
             mount=case_dir.mount(CASE_MOUNT),
         )
         try:
-            return _Ready(AheadProcess(argv, nonce, case_dir.parent), case_dir, key)
+            return _Ready(AheadProcess(argv, nonce, case_dir.workdir), case_dir, key)
         except BaseException:
             case_dir.remove()
             raise

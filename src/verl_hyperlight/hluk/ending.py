@@ -1,16 +1,18 @@
 """hluks whose runner's report is whole, awaited to their end off their cases' path.
 
 Once the report is whole the case is answered: what is left of hluk's run is its guest's
-teardown and its exit, which tell the case nothing. Each such hluk is handed here, where one
-thread of the process awaits the exits of all of them (an epoll set, which a hand-off joins
-without waking the thread): a hluk that exits is reaped (`stop`, which closes its
-descriptors), one still running `grace` seconds after its report is killed and reaped, its
-overrun logged once per process as an operator's matter (a hluk slow to tear its guest down
-holds a micro-VM's memory meanwhile). Once nothing is left to end, the thread waits
-LINGER_SECONDS for the next hand-off before it ends, so that cases back to back do not each
-start one (a thread's start is a tenth of a case's host CPU). `wait` ends them all, and the
-thread (serve's stop, a worker's close), and a worker that exits kills and reaps those still
-ending.
+teardown and its exit, which tell the case nothing. Each such hluk is handed here. Nothing
+wakes for its exit: each hand-off first reaps those handed before that have exited since (one
+poll(2) that does not wait, over their exit descriptors: cases back to back reap each other's
+hluks), and one thread of the process wakes only at the earliest deadline, `grace` seconds
+after a report, when it reaps those that have exited and kills and reaps those still running,
+their overrun logged once per process as an operator's matter (a hluk slow to tear its guest
+down holds a micro-VM's memory meanwhile). So an exited hluk waits at most its grace to be
+reaped (a zombie meanwhile, its descriptors kept), and a case costs no thread a wake-up (on a
+nested VM, a wake-up costs more of the host's CPU than the rest of the reaping). Once nothing
+is left to end, the thread waits LINGER_SECONDS for the next hand-off before it ends, so that
+cases back to back do not each start one. `wait` ends them all, and the thread (serve's stop,
+a worker's close), and a worker that exits kills and reaps those still ending.
 """
 
 from __future__ import annotations
@@ -41,63 +43,68 @@ class _Ending:
     grace: float
     deadline: float
     path: str
+    taken: bool = False  # being ended, by one thread
 
 
 class _Enders:
-    """The hluks being ended, and the thread that awaits their exits: their exit descriptors
-    are in an epoll set, to which a hand-off adds one without waking the thread (it is woken
-    only when the new hluk's deadline comes before the end of its wait)."""
+    """The hluks being ended, by their exit descriptors (also in a poll set, looked at without
+    waiting), and the thread that ends them at their deadlines."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ending: dict[int, _Ending] = {}
-        self._changed = threading.Condition(self._lock)
-        # Made with the first hand-off: the epoll set, and what wakes the thread in it (an
-        # eventfd: one descriptor, no pipe's buffer).
-        self._epoll: select.epoll | None = None
-        self._wake = -1
+        self._poller = select.poll()
+        self._changed = threading.Condition(self._lock)  # an ending ended: for `wait`
+        self._woken = threading.Condition(self._lock)  # for the thread: a sooner deadline
         self._thread: threading.Thread | None = None
         self._leave = False  # `wait` asks the thread to end once nothing is left to end
         self._wakes_at = math.inf  # when the thread's wait ends, while it waits
 
     def hand(self, proc: Process, grace: float, path: str) -> None:
         """Have `proc` (its report whole) reaped once it exits, killed if it has not within
-        `grace` seconds."""
+        `grace` seconds; and reap those handed before that have exited."""
         proc.answered()
+        self._collect(overdue=False)
         deadline = time.monotonic() + grace
         with self._lock:
-            if self._epoll is None:
-                self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-                self._epoll = select.epoll()
-                self._epoll.register(self._wake, select.EPOLLIN)
             self._ending[proc.exit_fd] = _Ending(proc, grace, deadline, path)
-            self._epoll.register(proc.exit_fd, proc.exit_events)
+            self._poller.register(proc.exit_fd, proc.exit_events)
             self._leave = False
-            wake = deadline < self._wakes_at
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._loop, name="verl-hyperlight-ender", daemon=True
                 )
                 self._thread.start()
-                wake = False
-        if wake:
-            os.eventfd_write(self._wake, 1)
+            elif deadline < self._wakes_at:
+                self._woken.notify()
 
     def wait(self, seconds: float) -> bool:
         """Wait for every hluk handed so far to be ended, at most `seconds`; whether they
         were."""
         deadline = time.monotonic() + seconds
-        with self._lock:
-            while self._ending:
+        while True:
+            self._collect(overdue=False)
+            with self._lock:
+                pending = [fd for fd, one in self._ending.items() if not one.taken]
+                events = {fd: one.proc.exit_events for fd, one in self._ending.items()}
+                if not self._ending:
+                    thread = self._thread
+                    self._leave = True
+                    self._woken.notify()
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._changed.wait(left)
-            thread = self._thread
-            self._leave = True
+                if not pending:  # another thread ends them now
+                    self._changed.wait(left)
+                    continue
+            # Their exits, waited for here (the thread wakes only at their deadlines).
+            poller = select.poll()
+            for fd in pending:
+                poller.register(fd, events[fd])
+            poller.poll(math.ceil(min(left, 0.1) * 1000))
         if thread is not None and thread is not threading.current_thread():
             # Its thread ends now that nothing is left to end: gone too when this returns.
-            os.eventfd_write(self._wake, 1)
             thread.join(max(0.0, deadline - time.monotonic()))
         return True
 
@@ -109,56 +116,48 @@ class _Enders:
         for one in pending:
             one.proc.stop()
 
-    def _loop(self) -> None:
-        assert self._epoll is not None
-        epoll = self._epoll
-        while True:
+    def _collect(self, overdue: bool) -> None:
+        """End those that have exited, and with `overdue` those past their deadline."""
+        with self._lock:
+            if not self._ending:
+                return
+            ready = {fd for fd, _ in self._poller.poll(0)}
             now = time.monotonic()
+            done = []
+            for fd, one in self._ending.items():
+                if one.taken:
+                    continue
+                exited = fd in ready and one.proc.exited()
+                if exited or (overdue and one.deadline <= now):
+                    one.taken = True
+                    # before its descriptor is closed and its number reused
+                    self._poller.unregister(fd)
+                    done.append((fd, one, not exited))
+        for _, one, killed in done:
+            self._end(one, killed)
+        with self._lock:
+            for fd, one, _ in done:
+                if self._ending.get(fd) is one:
+                    del self._ending[fd]
+            self._changed.notify_all()
+
+    def _loop(self) -> None:
+        lingered = False
+        while True:
             with self._lock:
+                now = time.monotonic()
                 if self._ending:
+                    lingered = False
                     self._wakes_at = min(one.deadline for one in self._ending.values())
-                elif self._leave:
+                elif self._leave or lingered:
                     self._thread, self._wakes_at = None, math.inf
                     return
                 else:  # lingering: a hand-off within LINGER_SECONDS keeps the thread
+                    lingered = True
                     self._wakes_at = now + LINGER_SECONDS
-                wait = max(0.0, self._wakes_at - now)
-                lingering = not self._ending
-            events = epoll.poll(wait)
-            with self._lock:
+                self._woken.wait(max(0.0, self._wakes_at - now))
                 self._wakes_at = -math.inf  # a hand-off now finds it awake
-                if lingering and not self._ending and not events:
-                    self._thread, self._wakes_at = None, math.inf
-                    return
-            exited = []
-            for fd, _ in events:
-                if fd == self._wake:
-                    try:
-                        os.eventfd_read(self._wake)
-                    except BlockingIOError:
-                        pass
-                    continue
-                with self._lock:
-                    one = self._ending.get(fd)
-                if one is not None and one.proc.exited():
-                    exited.append(fd)
-            now = time.monotonic()
-            with self._lock:
-                overdue = [
-                    fd
-                    for fd, one in self._ending.items()
-                    if fd not in exited and one.deadline <= now
-                ]
-                done = [(fd, self._ending[fd]) for fd in exited + overdue]
-            for fd, one in done:
-                try:  # before its descriptor is closed and its number reused
-                    epoll.unregister(fd)
-                except OSError:
-                    pass  # closed already: end_now stopped it as the worker exits
-                self._end(one, killed=fd in overdue)
-                with self._lock:
-                    del self._ending[fd]
-                    self._changed.notify_all()
+            self._collect(overdue=True)
 
     @staticmethod
     def _end(one: _Ending, killed: bool) -> None:

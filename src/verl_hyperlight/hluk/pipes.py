@@ -9,7 +9,8 @@ from collections.abc import Iterable
 # A pipe's pages count toward its user's fs.pipe-user-pages-soft (16,384 pages across the node:
 # 1,024 pipes of the default 16), past which every new pipe of that user, Ray's and torch's
 # too, is made with 2 pages. Pipes that carry lines only are made this size, one page, so that
-# a case holds 18 pages (its console's 16 and two of one) and a notebook 19.
+# a case holds 17 pages (its console's 16 and one of one; 18 through a spawner, whose status
+# pipe is a third) and a notebook 18.
 LINE_PIPE_SIZE = 4096
 
 

@@ -1,16 +1,24 @@
 """How hluk is started: in a process group of its own, dying with the reward worker.
 
-Three ways, the first that works here is used (VERL_HYPERLIGHT_SPAWN names one to use):
+Four ways, the first that works here is used (VERL_HYPERLIGHT_SPAWN names one to use):
 
+- ``direct``: the worker starts hluk with posix_spawn (a vfork: its cost does not grow with
+  the worker's memory), in a session of its own; hluk's environment carries the worker's
+  token, by which the cleaner (``cleaner.py``, a grandchild that outlives the worker) kills
+  every hluk of the worker, with its process group, once the worker has died. No helper
+  wakes for a case. A hluk that must run in another directory (posix_spawn cannot change
+  it) is started by Popen. From Python 3.13 on, posix_spawn closes every other descriptor of
+  the worker in hluk; before, hluk inherits those the worker made inheritable (Python makes
+  none so, PEP 446; a C library that opens without O_CLOEXEC may). A cleaner that cannot
+  start leaves the process on the next way.
 - ``spawner``: small long-lived processes (``spawner.py``, as ``spawners`` keeps them: one per
   worker, up to SPAWNERS taking cases in turn when many hluks run at once) start each hluk
-  with posix_spawn. The worker sends one a message with three pipes: no fork or exec of its
-  own per case, so nothing per case grows with the worker's memory. The spawner answers
+  with posix_spawn. The worker sends one a message with three pipes. The spawner answers
   through the case's status pipe (the pid, then the exit status, since only a parent can wait
   for a process). It ends every hluk it started when the worker dies (its parent-death
   signal) or closes its socket, and the hluk of a case that closed its status pipe (it gave
   up, or no longer needs the status); were the spawner itself killed, each case kills its own
-  and says so.
+  and says so. Each case wakes a spawner twice (its request, hluk's exit).
 - ``setpriv``: util-linux's setpriv sets the parent-death signal and execs hluk; Python's spawn
   stays on vfork, at the cost of an extra exec per case.
 - ``fork``: a preexec_fn sets it, which forces a fork of the whole worker (page tables copied
@@ -40,7 +48,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .. import diagnosis, settings
-from . import spawners
+from . import cleaner, spawners
 from .pipes import carry_lines, close
 
 logger = logging.getLogger("verl_hyperlight")
@@ -113,8 +121,28 @@ def _die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+# posix_spawn's action that closes every descriptor from a number on (Python 3.13 and later,
+# where the C library has it): none of the worker's reaches hluk.
+_CLOSEFROM: int | None = getattr(os, "POSIX_SPAWN_CLOSEFROM", None)
+
+
+class _Child:
+    """A child started by posix_spawn, as much of subprocess.Popen as _Popened uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
 class _Popened:
-    """hluk started by subprocess (the setpriv and fork ways): its exit is a pidfd's."""
+    """hluk started by this process (the direct, setpriv and fork ways): its exit is a
+    pidfd's."""
 
     exit_events = select.POLLIN
 
@@ -124,7 +152,9 @@ class _Popened:
         parent = os.getpid()
         command = argv
         preexec: Callable[[], None] | None = lambda: _die_with_parent(parent)  # noqa: E731
-        if way == "setpriv" and (path := setpriv()) is not None:
+        if way == "direct":
+            preexec = None
+        elif way == "setpriv" and (path := setpriv()) is not None:
             if os.path.isdir(argv[0]) or not os.access(argv[0], os.X_OK):
                 # setpriv would only say so on hluk's stderr, after it started
                 raise OSError(errno.EACCES, "not an executable file", argv[0])
@@ -145,17 +175,34 @@ class _Popened:
                 read, write = os.pipe2(os.O_CLOEXEC)
                 ours.append(read)
                 theirs.append(write)
-            self.popen = subprocess.Popen(
-                command,
-                stdin=child_stdin,
-                stdout=theirs[-2],
-                stderr=theirs[-1],
-                close_fds=True,
-                cwd=cwd,
-                env=env,
-                start_new_session=preexec is None,  # else preexec makes the group
-                preexec_fn=preexec,  # noqa: PLW1509 - only the fork way has one
-            )
+            self.popen: subprocess.Popen[bytes] | _Child
+            if way == "direct" and cwd is None:
+                self.popen = _Child(
+                    os.posix_spawn(
+                        command[0],
+                        command,
+                        env,
+                        file_actions=[
+                            (os.POSIX_SPAWN_DUP2, child_stdin, 0),
+                            (os.POSIX_SPAWN_DUP2, theirs[-2], 1),
+                            (os.POSIX_SPAWN_DUP2, theirs[-1], 2),
+                            *(() if _CLOSEFROM is None else ((_CLOSEFROM, 3),)),
+                        ],
+                        setsid=True,
+                    )
+                )
+            else:
+                self.popen = subprocess.Popen(
+                    command,
+                    stdin=child_stdin,
+                    stdout=theirs[-2],
+                    stderr=theirs[-1],
+                    close_fds=True,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=preexec is None,  # else preexec makes the group
+                    preexec_fn=preexec,  # noqa: PLW1509 - only the fork way has one
+                )
         except BaseException:
             close(ours)
             raise
@@ -240,17 +287,26 @@ def _fallback() -> str:
 def describe() -> tuple[bool, str]:
     """Whether hluk is started the cheap way here, and how it is started (for doctor)."""
     way = settings.SPAWN.value()
+    first = ""
+    if way == "direct":
+        if cleaner.running():
+            return True, (
+                "hluk is started by the worker itself (posix_spawn); the cleaner ends it if the "
+                "worker dies"
+            )
+        way = "spawner"
+        first = "the cleaner cannot start (the warning above says why), so "
     if way == "spawner":
         spawner = spawners.current(_fallback)
         if spawner is not None and spawner.process is not None:
-            return True, (
-                f"hluk is started by spawner processes (up to {spawners.SPAWNERS} per worker; "
-                f"pid {spawner.process.pid} is one)"
+            return not first, (
+                f"{first}hluk is started by spawner processes (up to {spawners.SPAWNERS} per "
+                f"worker; pid {spawner.process.pid} is one)"
             )
         failure, failed = spawners.start_failure()
         return (
             False,
-            f"the spawner cannot start ({failure}; {failed} starts failed "
+            f"{first}the spawner cannot start ({failure}; {failed} starts failed "
             f"so far, tried again in the background): hluk is started {_fallback()}",
         )
     if way == "setpriv" and setpriv():
@@ -285,6 +341,10 @@ def spawn(argv: list[str], cwd: str | None, env: dict[str, str], stdin: bool = F
     it cannot be started is an OSError here, or the process's `error` once it has exited (the
     spawner's answer comes through its status pipe)."""
     way = settings.SPAWN.value()
+    if way == "direct":
+        if cleaner.running():
+            return _Popened(argv, cwd, {**env, **cleaner.environment()}, way, stdin)
+        way = "spawner"
     if way == "spawner":
         spawner = spawners.current(_fallback)
         if spawner is not None:
