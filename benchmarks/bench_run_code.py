@@ -9,7 +9,7 @@
    (posix_spawn, its two pipes read to their end, waited for: the floor of any host side) and
    run by `subprocess.run` (what a user's worker would write without run_code); the worker's
    CPU time per case (all its threads), and that of its long-lived helper processes (the
-   spawner, the cleaner of case directories). Then the instant table in a worker holding
+   spawner on its way, the cleaner). Then the instant table in a worker holding
    2 GiB (touched, as a reward worker with torch loaded holds GBs), and with the case
    directories in TMPDIR (VERL_HYPERLIGHT_CASE_DIR), not on the default tmpfs.
 2. Each per-case step's cost (CPU time of the case's thread, and wall time), measured inside
@@ -64,8 +64,9 @@ from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.case import guests as _guests
 from verl_hyperlight.case import response as _response
 from verl_hyperlight.case.guests import guest_for, workload_code
+from verl_hyperlight.hluk import cleaner as _cleaner
+from verl_hyperlight.hluk import ending as _ending
 from verl_hyperlight.hluk import spawn as _spawn
-from verl_hyperlight.hluk import spawners as _spawners
 from verl_hyperlight.hluk import watch as _watch
 from verl_hyperlight.hluk.binary import hluk_path
 
@@ -371,7 +372,7 @@ def in_tmpdir(scratch: Path, cases: int, path: str) -> None:
 
 def spawn_paths() -> list[str]:
     """The ways this machine has to start hluk, the one used by default first."""
-    return ["spawner", *(["setpriv"] if _spawn.setpriv() else []), "fork"]
+    return ["direct", "spawner", *(["setpriv"] if _spawn.setpriv() else []), "fork"]
 
 
 # The steps of a case, by the module attribute that makes each up (those that exist).
@@ -379,7 +380,7 @@ STEPS = [
     ("validate the request", _api, "_validate"),
     ("case directory", _casedir, "make"),
     ("case files", _casedir, "_write_case"),
-    ("cleaner bookkeeping", getattr(_casedir, "_janitor", None), "tell"),
+    ("cleaner bookkeeping", _cleaner._Cleaner, "watch"),
     ("warm-up gate", _gate.Gate, "_pass"),
     ("gate: record the run", _gate.Gate, "_record_run"),
     ("argv (guest args)", _guests.Guest, "args"),
@@ -387,7 +388,8 @@ STEPS = [
     ("environment", _settings, "hluk_environment"),
     ("spawn", _spawn, "start"),
     ("console read + scan", getattr(_console, "Console", None), "read"),
-    ("stop (kill, reap, close)", _spawners._Spawned, "stop"),
+    ("stop (kill, reap, close)", _spawn._Popened, "stop"),
+    ("hand-off to the ender (reaps earlier ones)", _ending._Enders, "hand"),
     ("decide", _watch, "_decide"),
     ("response", _response, "from_outcome"),
     ("removal", _casedir, "_remove_case"),

@@ -42,7 +42,7 @@ def test_bench_run_code_prints_each_concurrency_each_way_and_each_step(host: Hos
         *("--cases", "8", "--standin-cases", "2", "--worker-gib", "0.1", "--busy-loops", "200"),
     )
     rows = [line.split() for line in done.stdout.splitlines()]
-    ways = ["spawner", *(["setpriv"] if _spawn.setpriv() else []), "fork"]
+    ways = ["direct", "spawner", *(["setpriv"] if _spawn.setpriv() else []), "fork"]
     for way in ways:
         # the realistic and the instant double, and the large worker
         assert sum(1 for row in rows if row[:1] == [way]) >= 3

@@ -46,12 +46,20 @@ class Setting(Generic[T]):
     description: str
 
     def value(self) -> T:
-        """Its value now: `default` when it is not set, or not usable (said once per value)."""
-        text = os.environ.get(self.name)
-        if text is None:
+        """Its value now: `default` when it is not set, or not usable (said once per value).
+        Every case reads a dozen: a value read from the same text as the last time is that
+        value again (each `read` is a function of the text alone), found in os.environ's own
+        bytes (see `variables`) with no decoding."""
+        raw = os.environ._data.get(_encoded(self.name))  # type: ignore[attr-defined]
+        seen = _settings_seen.get(self.name)
+        if seen is not None and seen[0] == raw:
+            return seen[1]  # type: ignore[no-any-return]
+        if raw is None:
+            _settings_seen[self.name] = (raw, self.default)
             return self.default
+        text = os.fsdecode(raw)
         try:
-            return self.read(text)
+            found = self.read(text)
         except ValueError as expected:
             if _unusable.first(f"{self.name}={text!r}"):
                 logger.warning(
@@ -62,6 +70,17 @@ class Setting(Generic[T]):
                     self.unset,
                 )
             return self.default
+        _settings_seen[self.name] = (raw, found)
+        return found
+
+
+# Each setting's last text (os.environ's bytes; None: unset) and the value read from it.
+_settings_seen: dict[str, tuple[bytes | None, Any]] = {}
+
+
+@functools.cache
+def _encoded(name: str) -> bytes:
+    return os.fsencode(name)
 
 
 @dataclass(frozen=True)
@@ -621,13 +640,26 @@ _TO_SPAWNER = tuple(passed.name for passed in PASSED if not passed.to_hluk)
 
 def hluk_environment() -> dict[str, str]:
     """The environment hluk runs with: the variables PASSED to it, and what the operator adds
-    (HLUK_ENV)."""
+    (HLUK_ENV). Every case asks: found again only once the environment (or, for a relative
+    path among them, the working directory) has changed."""
+    raw: dict[bytes, bytes] = os.environ._data  # type: ignore[attr-defined]
+    seen = _hluk_environment_seen
+    if seen and seen[0] == raw and (seen[1] is None or seen[1] == os.getcwd()):
+        return dict(seen[2])
     added = HLUK_ENV.value()
     passed = variables(_TO_HLUK + added.names, added.prefixes)
+    relative = False
     for name in _PATHS:  # relative to the working directory of now
         if passed.get(name):
+            relative = relative or not os.path.isabs(passed[name])
             passed[name] = os.path.abspath(passed[name])
+    _hluk_environment_seen[:] = [dict(raw), os.getcwd() if relative else None, dict(passed)]
     return passed
+
+
+# What hluk_environment found last: the environment and (when it made a relative path
+# absolute) the working directory it found it in, and what it found.
+_hluk_environment_seen: list[Any] = []
 
 
 def spawner_environment() -> dict[str, str]:

@@ -25,11 +25,14 @@ load, or hluk's failure, and ending ready guests then would only add starts to a
 CPU. A ready guest that died while it waited is ended and passed over; the case finds another
 or starts its own, its death charged to no case. Each gate keeps at most
 ``VERL_HYPERLIGHT_READY_GUESTS``, and no more than its guest's cases in flight at once lately
-(`most_kept`); one that waits past ``VERL_HYPERLIGHT_READY_IDLE`` is ended. The keeper thread
-does both, starting and ending, one after another: nothing of it is on a case's path (a case
-asks it for more, and goes on), the cap holds at every moment (ending comes first), and while
-cases' starts are slow (a quarter of their start-up deadline, or past it) it starts none, for
-as long as a ready guest may idle. A forked child knows none of its parent's; a worker that
+(`most_kept`); one that waits past ``VERL_HYPERLIGHT_READY_IDLE`` is ended. A case starts the
+guests that replace the one it took (or that its demand asks for), in its own thread while its
+solution, or its own hluk, starts, when that thread would only wait: no other thread wakes for
+it (on a nested VM a thread's wake-up costs more of the host's CPU than the spawn). The keeper
+thread ends guests: those that waited past the idle limit and those their gate let go of. The
+cap holds at every moment (a start counts before it is made), and while cases' starts are
+slow (a quarter of their start-up deadline, or past it) none is started, for as long as a
+ready guest may idle. A forked child knows none of its parent's; a worker that
 dies takes them with it, as it takes every hluk it started (``hluk.spawn``), and one that
 exits ends them first.
 """
@@ -145,7 +148,12 @@ class ReadyGuests:
             generation = self.generation
 
         def start_more() -> None:
-            _keeper.start(self, generation, limit)
+            # In the case's thread, while its solution (or its own hluk) starts, when the
+            # thread would only wait: no other thread wakes for it.
+            try:
+                self.start_more(generation, limit)
+            except Exception:  # a start must not fail the case that asked for it
+                logger.exception("verl-hyperlight: starting a ready guest failed")
 
         try:
             outcome = self._run_in_one(files, limits, cancel, start_more)
@@ -256,7 +264,8 @@ class ReadyGuests:
     def start_more(self, generation: int, limit: int) -> None:
         """Start guests up to what the demand asks for (the most cases in flight at once
         lately, at most `limit`): none once `generation` has ended, nor while starts are slow.
-        A failure to start one is said once per cause and fails no case. The keeper's."""
+        A failure to start one is said once per cause and fails no case. The case's, which
+        asked."""
         while True:
             with self._lock:
                 wanted = most_kept(self._peak, limit)
@@ -361,12 +370,11 @@ def _nothing() -> None:
 
 
 class _Keeper:
-    """The thread that starts and ends ready guests: starts those cases ask for (a spawn each,
-    which no case's path should carry), and ends those that waited past the idle limit and
-    those their gate let go of (ending one waits for its hluk to be reaped), the ends first.
-    One per process, a daemon started with the first request; it sleeps until the next guest
-    is due, or it is asked for guests or handed guests to end, or a guest comes while it
-    sleeps with none sooner than the keeper would wake."""
+    """The thread that ends ready guests: those that waited past the idle limit and those
+    their gate let go of (ending one waits for its hluk to be reaped). One per process, a
+    daemon started with the first guest; it sleeps until the next guest is due, or it is
+    handed guests to end, or a guest comes while it sleeps with none sooner than the keeper
+    would wake."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -374,8 +382,6 @@ class _Keeper:
         self._pools: set[ReadyGuests] = set()  # those holding guests, or being given one
         self._fresh: set[ReadyGuests] = set()  # given a guest since the keeper last looked
         self._to_end: list[_Ready] = []
-        # Asked for by cases: (pool, generation, limit), started in turn by the keeper.
-        self._starts: deque[tuple[ReadyGuests, int, int]] = deque()
         self._thread: threading.Thread | None = None
         self._due: float | None = None  # when it wakes next (None: only when woken)
         self._news = 0  # guests started since it last looked
@@ -390,14 +396,6 @@ class _Keeper:
             if self._due is None or due < self._due:
                 self._woken.notify()
             self._ensure_running()
-
-    def start(self, pool: ReadyGuests, generation: int, limit: int) -> None:
-        """Have `pool` started up to what its demand asks for (see ReadyGuests.start_more),
-        from the keeper's thread: the case that asks goes on at once."""
-        with self._lock:
-            self._starts.append((pool, generation, limit))
-            self._ensure_running()
-            self._woken.notify()
 
     def end(self, ready: deque[_Ready] | list[_Ready]) -> None:
         """End these guests, from the keeper's thread."""
@@ -432,15 +430,11 @@ class _Keeper:
     def _run(self) -> None:
         while True:
             with self._lock:
-                if not self._to_end and not self._news and not self._starts:
+                if not self._to_end and not self._news:
                     wait = None if self._due is None else max(0.0, self._due - time.monotonic())
                     self._woken.wait(wait)
                 to_end, self._to_end = self._to_end, []
                 pools, self._news = list(self._pools), 0
-                # One start of each pool, at its latest generation: a request asks for "up to
-                # the demand", which one start_more fills.
-                starts = {pool: (generation, limit) for pool, generation, limit in self._starts}
-                self._starts.clear()
             for ready in to_end:
                 try:
                     ready.end()
@@ -457,12 +451,6 @@ class _Keeper:
                     if at is None and pool not in self._fresh:
                         self._pools.discard(pool)
                 self._fresh.clear()
-            # Started after the ends and the idle guests' expiry: the cap holds at every moment.
-            for pool, (generation, limit) in starts.items():
-                try:
-                    pool.start_more(generation, limit)
-                except Exception:  # one pool's start must not stop the keeper
-                    logger.exception("verl-hyperlight: starting a ready guest failed")
 
     def forget_in_child(self) -> None:
         for pool in self._pools:
@@ -472,7 +460,6 @@ class _Keeper:
         self._lock = threading.Lock()
         self._woken = threading.Condition(self._lock)
         self._pools, self._fresh, self._to_end, self._thread = set(), set(), [], None
-        self._starts = deque()
         self._due, self._news = None, 0
 
 

@@ -13,6 +13,7 @@ The verl plugin imports this module in every verl process: it imports nothing bu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -49,7 +50,19 @@ def is_http(url: object) -> bool:
 
 
 def parse_url(url: object) -> SandboxURL:
-    """What a sandbox URL names; InvalidRequest for one that is not ours or is malformed."""
+    """What a sandbox URL names; InvalidRequest for one that is not ours or is malformed.
+    Every case asks, mostly of the same few URLs: what a URL names is kept."""
+    if isinstance(url, str):
+        return _parsed(url)
+    return _parse(url)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(url: str) -> SandboxURL:
+    return _parse(url)
+
+
+def _parse(url: object) -> SandboxURL:
     # The scheme in any case, as is_ours takes it.
     if not isinstance(url, str) or url[: len(PREFIX)].lower() != PREFIX:
         meant = ""
