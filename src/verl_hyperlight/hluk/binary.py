@@ -24,12 +24,25 @@ def hluk_path() -> str:
     chosen = settings.HLUK_PATH.value()
     if chosen is not None:
         return os.path.abspath(chosen)
+    # Every case asks: the one PATH led to last is taken again while it is still there and
+    # PATH is the same (a PATH walk is a stat per directory).
+    search = settings.variables(("PATH",)).get("PATH")
+    seen = _found_on_path.get(search)
+    if seen is not None and os.access(seen, os.X_OK) and not os.path.isdir(seen):
+        return seen
     found = shutil.which("hluk")
     if found is None:
         # Installed, but where the installer puts it, which PATH may not name yet.
         installed = os.path.join(settings.hluk_install_directory(), "hluk")
         raise diagnosis.not_on_path(installed if os.access(installed, os.X_OK) else None)
-    return os.path.abspath(found)
+    found = os.path.abspath(found)
+    _found_on_path.clear()
+    _found_on_path[search] = found
+    return found
+
+
+# The hluk found on PATH last, by the PATH it was found on.
+_found_on_path: dict[str | None, str] = {}
 
 
 def identity(path: str) -> tuple[int, ...]:
