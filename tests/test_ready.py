@@ -144,7 +144,8 @@ def test_each_guest_draws_its_own_random_state_after_its_line(on: Host) -> None:
 def test_the_case_files_are_written_after_the_guest_started_and_read_live(on: Host) -> None:
     case("warm")
     waiting_for(1)
-    (waiting,) = ready_runs(on)[-1:]
+    # Its argv is logged by the stand-in as it runs, after the spawn that counts it waiting.
+    (waiting,) = wait_for(lambda: ready_runs(on)[-1:])  # type: ignore[misc]
     mount = option(waiting, "--mount")
     assert mount is not None
     directory = Path(mount.split(":")[0])

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from ..deadlines import Deadlines
 from ..guest import protocol
 from ..outcome import RawOutcome
-from . import spawn
+from . import ending, spawn
 from .watch import run_started
 
 
@@ -49,6 +49,7 @@ class AheadProcess:
         stopped, when it had ended before it could take the line (nothing of the case ran)."""
         stdin = self.proc.stdin
         assert stdin is not None
+        ending.collect()
         began = time.monotonic()  # the run's clock starts with its line
         try:
             os.write(stdin, protocol.GO + b"\n")  # a pipe takes a short write whole

@@ -11,6 +11,14 @@ import re
 from ..guest import protocol
 
 READ_SIZE = 64 * 1024
+# Room beyond READ_SIZE in the read buffer for what may begin a marker (the nonce's length and
+# two); a longer marker gets buffers of its own.
+_MARKER_ROOM = 256
+# The buffers of consoles whose watch is over, reused by the next ones (at most this many kept):
+# a console then allocates and zero-fills none (108 KiB a case, which, on a nested VM's cold
+# caches, cost a trivial case more than its reads did).
+_SPARE_LIMIT = 64
+_spare: list[tuple[bytearray, bytearray]] = []
 # Of the console text before the solution starts (hluk's driver, the runner's set-up), the end
 # is kept for failure messages; nothing the console shows after the start is ever used.
 PREAMBLE_LIMIT = 4096
@@ -66,16 +74,31 @@ class Console:
         self.outputs: dict[str, _Output] = {}
         self.files: dict[int, _Output] = {}
         # Unscanned text that may begin a marker stays at the head of the buffer (_kept bytes)
-        # and the next read lands after it.
-        self._buffer = bytearray(READ_SIZE + len(self.marker))
+        # and the next read lands after it. Only what was read or copied in is ever looked at:
+        # a spare buffer's old bytes are not.
+        spare = _spare.pop() if _spare and len(self.marker) <= _MARKER_ROOM else None
+        if spare is None:
+            spare = (
+                bytearray(READ_SIZE + max(_MARKER_ROOM, len(self.marker))),
+                bytearray(protocol.MAX_FRAME_LINE),
+            )
+        self._buffer, self._line = spare
         self._kept = 0
-        self._line = bytearray(protocol.MAX_FRAME_LINE)
+        self._released = False
         self._line_length: int | None = None  # None: not within a frame line
         self._preamble = bytearray()
 
+    def release(self) -> None:
+        """The watch is over and what it produced taken (its outputs are their own): the
+        console's buffers go to the next console. Nothing is read or asked of it after."""
+        if not self._released:
+            self._released = True
+            if len(_spare) < _SPARE_LIMIT:
+                _spare.append((self._buffer, self._line))
+
     def read(self, fd: int) -> int:
         """Read what `fd` has (at most READ_SIZE bytes) and scan it; 0 at its end."""
-        count = os.readv(fd, [memoryview(self._buffer)[self._kept :]])
+        count = os.readv(fd, [memoryview(self._buffer)[self._kept : self._kept + READ_SIZE]])
         self.total += count
         self._scan(self._kept + count)
         return count

@@ -2,17 +2,19 @@
 
 Once the report is whole the case is answered: what is left of hluk's run is its guest's
 teardown and its exit, which tell the case nothing. Each such hluk is handed here. Nothing
-wakes for its exit: each hand-off first reaps those handed before that have exited since (one
-poll(2) that does not wait, over their exit descriptors: cases back to back reap each other's
-hluks), and one thread of the process wakes only at the earliest deadline, `grace` seconds
-after a report, when it reaps those that have exited and kills and reaps those still running,
-their overrun logged once per process as an operator's matter (a hluk slow to tear its guest
-down holds a micro-VM's memory meanwhile). So an exited hluk waits at most its grace to be
-reaped (a zombie meanwhile, its descriptors kept), and a case costs no thread a wake-up (on a
-nested VM, a wake-up costs more of the host's CPU than the rest of the reaping). Once nothing
-is left to end, the thread waits LINGER_SECONDS for the next hand-off before it ends, so that
-cases back to back do not each start one. `wait` ends them all, and the thread (serve's stop,
-a worker's close), and a worker that exits kills and reaps those still ending.
+wakes for its exit: each hluk run, as it starts (``collect``), reaps those handed before that
+have exited since (one poll(2) that does not wait, over their exit descriptors: cases back to
+back reap each other's hluks, before the run, while the worker's caches are warm from the last
+case rather than cold from the guest's run), and one thread of the process wakes only at the
+earliest deadline, `grace` seconds after a report, when it reaps those that have exited and
+kills and reaps those still running, their overrun logged once per process as an operator's
+matter (a hluk slow to tear its guest down holds a micro-VM's memory meanwhile). So an exited
+hluk waits at most its grace to be reaped (a zombie meanwhile, its descriptors kept), and a
+case costs no thread a wake-up (on a nested VM, a wake-up costs more of the host's CPU than the
+rest of the reaping). Once nothing is left to end, the thread waits LINGER_SECONDS for the next
+hand-off before it ends, so that cases back to back do not each start one. `wait` ends them
+all, and the thread (serve's stop, a worker's close), and a worker that exits kills and reaps
+those still ending.
 """
 
 from __future__ import annotations
@@ -59,15 +61,16 @@ class _Enders:
         self._thread: threading.Thread | None = None
         self._leave = False  # `wait` asks the thread to end once nothing is left to end
         self._wakes_at = math.inf  # when the thread's wait ends, while it waits
+        self._hands = 0  # hand-offs so far
 
     def hand(self, proc: Process, grace: float, path: str) -> None:
         """Have `proc` (its report whole) reaped once it exits, killed if it has not within
-        `grace` seconds; and reap those handed before that have exited."""
+        `grace` seconds."""
         proc.answered()
-        self._collect(overdue=False)
         deadline = time.monotonic() + grace
         with self._lock:
             self._ending[proc.exit_fd] = _Ending(proc, grace, deadline, path)
+            self._hands += 1
             self._poller.register(proc.exit_fd, proc.exit_events)
             self._leave = False
             if self._thread is None or not self._thread.is_alive():
@@ -108,6 +111,11 @@ class _Enders:
             thread.join(max(0.0, deadline - time.monotonic()))
         return True
 
+    def collect(self) -> None:
+        """Reap those handed that have exited (no wait)."""
+        if self._ending:  # read without the lock: a hint, as most processes have none
+            self._collect(overdue=False)
+
     def end_now(self) -> None:
         """Kill and reap every hluk still ending (a worker that exits leaves none behind, nor
         to the kernel's pace of its process group's death)."""
@@ -142,18 +150,20 @@ class _Enders:
             self._changed.notify_all()
 
     def _loop(self) -> None:
-        lingered = False
+        lingering_since: int | None = None  # the hand-offs counted as its linger began
         while True:
             with self._lock:
                 now = time.monotonic()
                 if self._ending:
-                    lingered = False
+                    lingering_since = None
                     self._wakes_at = min(one.deadline for one in self._ending.values())
-                elif self._leave or lingered:
+                elif self._leave or lingering_since == self._hands:
                     self._thread, self._wakes_at = None, math.inf
                     return
-                else:  # lingering: a hand-off within LINGER_SECONDS keeps the thread
-                    lingered = True
+                else:
+                    # Lingering: a hand-off within LINGER_SECONDS keeps the thread, also one
+                    # whose hluk a later case reaped meanwhile.
+                    lingering_since = self._hands
                     self._wakes_at = now + LINGER_SECONDS
                 self._woken.wait(max(0.0, self._wakes_at - now))
                 self._wakes_at = -math.inf  # a hand-off now finds it awake
@@ -196,6 +206,11 @@ os.register_at_fork(after_in_child=_forget_in_child)
 def hand(proc: Process, grace: float, path: str) -> None:
     """See _Enders.hand."""
     _enders.hand(proc, grace, path)
+
+
+def collect() -> None:
+    """See _Enders.collect: each hluk run starting reaps those ended since."""
+    _enders.collect()
 
 
 def wait(seconds: float) -> bool:

@@ -135,8 +135,14 @@ class _Child:
 
     def wait(self) -> int:
         if self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
+            try:
+                _, status = os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                # Reaped by the kernel (the worker ignores SIGCHLD): no status, as subprocess
+                # says it (0).
+                self.returncode = 0
+            else:
+                self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
 

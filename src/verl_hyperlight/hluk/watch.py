@@ -102,6 +102,7 @@ def run(
     started, while it starts the guest. The run's clock starts before anything else: before
     hluk is spawned."""
     began = time.monotonic()
+    ending.collect()
     proc = spawn.start(argv, cwd)
     if meanwhile is not None:
         try:
@@ -318,7 +319,8 @@ class _Watched:
         hluk_status = None if stopped is not None else status
         restored = _RESTORED.findall(hluk_stderr)
         began = clock.started_at if clock.started_at is not None else clock.spawned
-        return RawOutcome(
+        preamble = console.preamble()
+        outcome = RawOutcome(
             ending=_decide(console, stopped, hluk_status, hluk_error),
             started=console.started,
             end=console.end,
@@ -328,13 +330,15 @@ class _Watched:
             hluk_status=hluk_status,
             hluk_error=hluk_error,
             hluk_stderr=hluk_stderr,
-            preamble=console.preamble(),
+            preamble=preamble,
             refusal=console.refusal or "",
             restored=restored[-1] == "true" if restored else None,
             host_elapsed=finished - began,
             limit=clock.limit,
             startup_seconds=None if clock.started_at is None else clock.started_at - clock.spawned,
         )
+        console.release()
+        return outcome
 
 
 def watch(
