@@ -4,8 +4,8 @@ In one worker (this process), trivial cases back to back through run_code on the
 hluk (tests/standin, in bubblewrap), with ready guests off and on, then the same number of
 bare `subprocess.run` of the stand-in with a case's argv from the same worker, which is what
 a user's worker would write without run_code. For each: the CPU per case of the worker (all
-its threads) and of its long-lived helpers (the spawner, the cleaner, and what only waits for
-them), hluk and its guest not counted; the context switches per case of each, since a
+its threads) and of its long-lived helpers (the cleaner; the spawner and its guard on that
+way), hluk and its guest not counted; the context switches per case of each, since a
 thread's sleep and wake-up is what costs most here (a nested VM's timer and IPI exits); and
 the ratio of the total to the bare spawn's.
 
