@@ -640,26 +640,13 @@ _TO_SPAWNER = tuple(passed.name for passed in PASSED if not passed.to_hluk)
 
 def hluk_environment() -> dict[str, str]:
     """The environment hluk runs with: the variables PASSED to it, and what the operator adds
-    (HLUK_ENV). Every case asks: found again only once the environment (or, for a relative
-    path among them, the working directory) has changed."""
-    raw: dict[bytes, bytes] = os.environ._data  # type: ignore[attr-defined]
-    seen = _hluk_environment_seen
-    if seen and seen[0] == raw and (seen[1] is None or seen[1] == os.getcwd()):
-        return dict(seen[2])
+    (HLUK_ENV)."""
     added = HLUK_ENV.value()
     passed = variables(_TO_HLUK + added.names, added.prefixes)
-    relative = False
     for name in _PATHS:  # relative to the working directory of now
         if passed.get(name):
-            relative = relative or not os.path.isabs(passed[name])
             passed[name] = os.path.abspath(passed[name])
-    _hluk_environment_seen[:] = [dict(raw), os.getcwd() if relative else None, dict(passed)]
     return passed
-
-
-# What hluk_environment found last: the environment and (when it made a relative path
-# absolute) the working directory it found it in, and what it found.
-_hluk_environment_seen: list[Any] = []
 
 
 def spawner_environment() -> dict[str, str]:

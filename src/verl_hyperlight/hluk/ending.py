@@ -141,6 +141,8 @@ class _Enders:
                     # before its descriptor is closed and its number reused
                     self._poller.unregister(fd)
                     done.append((fd, one, not exited))
+        if not done:
+            return
         for _, one, killed in done:
             self._end(one, killed)
         with self._lock:

@@ -290,17 +290,25 @@ def _fallback() -> str:
     return "by a fork of the worker (its cost grows with the worker's memory)"
 
 
+def _way() -> str:
+    """The way hluk is started now: the setting's, less the direct way while the cleaner,
+    which ends a dead worker's hluks, cannot start (then the spawner's)."""
+    way = settings.SPAWN.value()
+    if way == "direct" and not cleaner.running():
+        return "spawner"
+    return way
+
+
 def describe() -> tuple[bool, str]:
     """Whether hluk is started the cheap way here, and how it is started (for doctor)."""
-    way = settings.SPAWN.value()
-    first = ""
+    way = _way()
     if way == "direct":
-        if cleaner.running():
-            return True, (
-                "hluk is started by the worker itself (posix_spawn); the cleaner ends it if the "
-                "worker dies"
-            )
-        way = "spawner"
+        return True, (
+            "hluk is started by the worker itself (posix_spawn); the cleaner ends it if the "
+            "worker dies"
+        )
+    first = ""
+    if settings.SPAWN.value() == "direct":
         first = "the cleaner cannot start (the warning above says why), so "
     if way == "spawner":
         spawner = spawners.current(_fallback)
@@ -346,11 +354,9 @@ def spawn(argv: list[str], cwd: str | None, env: dict[str, str], stdin: bool = F
     stdout and stderr pipes, in a process group of its own that dies with this process. Why
     it cannot be started is an OSError here, or the process's `error` once it has exited (the
     spawner's answer comes through its status pipe)."""
-    way = settings.SPAWN.value()
+    way = _way()
     if way == "direct":
-        if cleaner.running():
-            return _Popened(argv, cwd, {**env, **cleaner.environment()}, way, stdin)
-        way = "spawner"
+        return _Popened(argv, cwd, {**env, **cleaner.environment()}, way, stdin)
     if way == "spawner":
         spawner = spawners.current(_fallback)
         if spawner is not None:
