@@ -131,6 +131,10 @@ def test_hluks_environment_is_what_it_reads_and_what_the_operator_adds(
 def test_the_environment_is_read_as_os_environ_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERL_HYPERLIGHT_TEST_SET", "é and \udcff")  # undecodable bytes too
     monkeypatch.delenv("HOME", raising=False)
+    # Recorded as absent first (setenv records what it replaces; a delenv of an absent name
+    # records nothing), so that the undo leaves it absent, not as setdefault made it.
+    monkeypatch.setenv("VERL_HYPERLIGHT_TEST_DEFAULT", "recorded")
+    monkeypatch.delenv("VERL_HYPERLIGHT_TEST_DEFAULT")
     os.environ.setdefault("VERL_HYPERLIGHT_TEST_DEFAULT", "x")
     monkeypatch.delenv("VERL_HYPERLIGHT_TEST_DEFAULT")
     assert _settings.variables(tuple(os.environ)) == dict(os.environ)
