@@ -220,6 +220,34 @@ def test_run_compiles_cpp_and_rust_by_their_suffix_or_language(
     assert "mismatched types" in response["compile_result"]["stderr"]
 
 
+def test_run_names_a_language_by_its_suffix_and_says_when_none_is_known(
+    hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A C# file is a csharp request (answered SandboxError here, saying what runs), not Python
+    that fails as a syntax error; a suffix no language has runs as Python, said on stderr."""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    csharp = tmp_path / "Program.cs"
+    csharp.write_text('System.Console.WriteLine("hi");\n')
+    assert main(["run", str(csharp)]) == 1
+    message = json.loads(capsys.readouterr().out)["message"]
+    assert "language 'csharp' is not supported" in message
+    assert message.startswith("verl-hyperlight runs python, pytest, cpp")
+    tests = tmp_path / "sum_test.go"
+    tests.write_text("package main\n")
+    assert main(["run", str(tests)]) == 1
+    assert "language 'go_test' is not supported" in json.loads(capsys.readouterr().out)["message"]
+    odd = tmp_path / "solution.zzz"
+    odd.write_text("print(6 * 7)\n")
+    assert main(["run", str(odd)]) == 0
+    said = capsys.readouterr()
+    assert json.loads(said.out)["run_result"]["stdout"] == "42\n"
+    assert "no language is known by the suffix '.zzz': it runs as python" in said.err
+    plain = tmp_path / "solution"
+    plain.write_text("print(1)\n")
+    assert main(["run", str(plain)]) == 0
+    assert capsys.readouterr().err == ""  # no suffix: Python, nothing to say
+
+
 def test_run_asks_a_server_at_an_http_url_as_verls_client_does(
     serve: Callable[..., Served],
     monkeypatch: pytest.MonkeyPatch,
@@ -236,6 +264,10 @@ def test_run_asks_a_server_at_an_http_url_as_verls_client_does(
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
     assert main(["run", str(solution), "--url", f"{served.base}/nowhere"]) == 1
     assert "answered HTTP 404" in capsys.readouterr().err
+    # Any of Sandbox Fusion's languages is asked of a service (this one runs no C#).
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    assert main(["run", str(solution), "--url", served.run_code_url, "--language", "csharp"]) == 1
+    assert "'csharp' is not supported" in json.loads(capsys.readouterr().out)["message"]
 
 
 def test_run_with_no_time_says_why_its_answer_is_a_time_limit(

@@ -13,7 +13,7 @@ from typing import TypeAlias
 
 from . import __version__, diagnosis, node, settings
 from .case import cluster, compiled
-from .case.api import RUNS, run_code, warm_up
+from .case.api import RUNS, SANDBOX_FUSION_LANGUAGES, run_code, warm_up
 from .case.guests import LANGUAGE_IMAGES, Guest, guest_for
 from .case.url import is_http, parse_url
 from .case.warmup import Warmth
@@ -99,9 +99,7 @@ def _add_run(commands: _Commands) -> None:
     run = commands.add_parser(
         "run",
         help="run one solution file on stdin and print the Sandbox Fusion response",
-        description="Run SOLUTION (a Python file, or C++, Go, Rust, Java, JavaScript or shell "
-        "source: see "
-        "--language) "
+        description="Run SOLUTION (a Python file, or another language's source: see --language) "
         "with this command's standard input as its input, and print the response verl would "
         "receive, as JSON: in a micro-VM of this node (a hyperlight:// URL), or by POSTing "
         "Sandbox Fusion's request to an http(s) URL (a `verl-hyperlight serve`, or a Sandbox "
@@ -117,9 +115,12 @@ def _add_run(commands: _Commands) -> None:
     run.add_argument("--memory-limit-mb", type=_memory_limit, default=1024)
     run.add_argument(
         "--language",
-        choices=RUNS,
-        help="the request's language (default: by SOLUTION's suffix, .cpp .cc .cxx cpp, .go go, "
-        ".rs rust, .java java, .js .cjs nodejs, .ts typescript, .sh bash, else python)",
+        choices=sorted(SANDBOX_FUSION_LANGUAGES, key=_runs_first),
+        metavar="LANGUAGE",
+        help=f"the request's language, Sandbox Fusion's name for it: {', '.join(RUNS)} run here; "
+        "an http(s) URL's service may run others (default: by SOLUTION's suffix, .cpp .cc .cxx "
+        "cpp, .go go, .rs rust, .java java, .js .cjs nodejs, .ts typescript, .sh bash, and the "
+        "other languages' usual suffixes, .cs csharp, .rb ruby and so on; else python)",
     )
     run.add_argument(
         "--compile-timeout",
@@ -129,8 +130,12 @@ def _add_run(commands: _Commands) -> None:
     )
 
 
-# The language `run` gives a solution file by its suffix, when --language does not say.
+# The language `run` gives a solution file by its suffix, when --language does not say:
+# Sandbox Fusion's name for the language whose files are so named. One that does not run here
+# is answered SandboxError saying which do (not run as Python, to fail as a syntax error); a
+# service at an http(s) URL may run it.
 SUFFIXES = {
+    ".py": "python",
     ".cpp": "cpp",
     ".cc": "cpp",
     ".cxx": "cpp",
@@ -141,11 +146,47 @@ SUFFIXES = {
     ".cjs": "nodejs",
     ".ts": "typescript",
     ".sh": "bash",
+    ".cs": "csharp",
+    ".php": "php",
+    ".rb": "ruby",
+    ".lua": "lua",
+    ".r": "R",
+    ".pl": "perl",
+    ".d": "D_ut",
+    ".scala": "scala",
+    ".jl": "julia",
+    ".kts": "kotlin_script",
+    ".swift": "swift",
+    ".rkt": "racket",
+    ".lean": "lean",
+    ".sql": "sql",
+    ".cu": "cuda",
 }
+# Go's own convention: a file so named holds tests, which `go test` runs (Sandbox Fusion's
+# go_test), never `go run`.
+GO_TEST_SUFFIX = "_test.go"
 
 
-def _language_of(name: str) -> str:
-    return SUFFIXES.get(os.path.splitext(name)[1].lower(), "python")
+def _runs_first(language: str) -> tuple[bool, int, str]:
+    """--language's choices in help: what runs here first, in RUNS' order."""
+    return (language not in RUNS, RUNS.index(language) if language in RUNS else 0, language)
+
+
+def _language_of(name: str) -> tuple[str, str | None]:
+    """The language of a solution file named `name`, and what to say of it when its suffix
+    names none (it runs as Python)."""
+    if name.endswith(GO_TEST_SUFFIX):
+        return "go_test", None
+    suffix = os.path.splitext(name)[1]
+    language = SUFFIXES.get(suffix.lower())
+    if language is not None:
+        return language, None
+    if not suffix:
+        return "python", None
+    return "python", (
+        f"{name}: no language is known by the suffix {suffix!r}: it runs as python "
+        f"(--language names another)"
+    )
 
 
 def _add_bench(commands: _Commands) -> None:
@@ -422,7 +463,11 @@ def _main(argv: Sequence[str] | None) -> int:
                 "once, as Sandbox Fusion answers a run_timeout of 0 or less",
                 file=sys.stderr,
             )
-        language = args.language or _language_of(args.solution.name)
+        language = args.language
+        if language is None:
+            language, note = _language_of(args.solution.name)
+            if note is not None:
+                print(f"verl-hyperlight: {note}", file=sys.stderr)
         if is_http(args.url):
             from .commands import remote
 

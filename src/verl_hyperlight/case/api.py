@@ -46,7 +46,8 @@ MAX_PATH_LENGTH = 4096
 MIB = 1024 * 1024
 # A request file whose name holds this is skipped, as the service skips it.
 IGNORED_FILE = "IGNORE_THIS_FILE"
-# Sandbox Fusion's languages: a request for one of these is valid, but only Python runs here.
+# Sandbox Fusion's languages: a request for one of these is valid; those not in RUNS are
+# answered SandboxError, saying which run here.
 SandboxFusionLanguage = Literal[
     "python",
     "cpp",
