@@ -181,7 +181,8 @@ def test_the_stand_in_is_said_once_plainly_and_is_no_wrapper_to_fix(
     lines = capsys.readouterr().out.splitlines()
     said = [line for line in lines if "stand-in" in line]
     assert said == [
-        f"warn  stand-in  {STANDIN} is the test stand-in: weaker isolation, for trying only"
+        f"warn  {'stand-in':<{doctor.NAME_WIDTH}}  {STANDIN} is the test stand-in: weaker "
+        "isolation, for trying only"
     ]
     assert not [line for line in lines if "exec" in line]
 

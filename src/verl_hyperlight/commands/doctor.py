@@ -38,7 +38,13 @@ MIN_FREE_BYTES = 2 * 1024**3
 ARCHITECTURES = {"x86_64": "x86-64", "amd64": "x86-64", "aarch64": "arm64", "arm64": "arm64"}
 PLUGIN_MODULE = "verl_hyperlight.plugin"
 ENTRY_POINT = "hyperlight"
-NAME_WIDTH = 8
+# The name column's width: the longest name a check has (lines are printed as checks end, so
+# one width for all keeps them aligned).
+NAME_WIDTH = max(
+    8,
+    *(len(f"{language} compiler") for language in compiled.BUILT),
+    *(len(f"{language} image") for language in LANGUAGE_IMAGES),
+)
 
 
 @dataclass(frozen=True)
@@ -339,9 +345,9 @@ def _pytest() -> Check:
 
 
 def _compilers() -> Iterator[Check]:
-    """Whether `cpp`, `go` and `rust` cases can compile here, and `typescript` ones transpile:
-    each one's toolchain, and the bubblewrap they compile in. A node without one still runs
-    every other language."""
+    """Whether `cpp`, `go`, `rust` and `java` cases can compile here, and `typescript` ones
+    transpile: each one's toolchain, and the bubblewrap they compile in. A node without one
+    still runs every other language."""
     for language in compiled.BUILT:
         try:
             found = compiled.check(language)
