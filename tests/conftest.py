@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,16 @@ from hostside import fail_file, gate_clock, host  # noqa: F401 - fixtures of the
 from serving import serve  # noqa: F401 - servers of the tests' own
 
 STANDIN = Path(__file__).resolve().parent / "standin" / "hluk"
+
+# A suite started in the background by a script (`pytest &`) inherits SIGINT and SIGQUIT
+# ignored, and so would every program the tests run themselves (the reference CPython whose
+# answers the conformance recording is checked against: its `os.kill(os.getpid(), SIGINT)`
+# would be ignored). The tests run as from a terminal; what hluk is started with is the
+# product's (hluk/spawn.py DEFAULT_SIGNALS).
+_AS_FROM_A_TERMINAL = {signal.SIGINT: signal.default_int_handler, signal.SIGQUIT: signal.SIG_DFL}
+for _signal, _handler in _AS_FROM_A_TERMINAL.items():
+    if signal.getsignal(_signal) == signal.SIG_IGN:
+        signal.signal(_signal, _handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -332,6 +332,52 @@ def test_cases_run_in_a_worker_holding_more_than_1024_descriptors(host: Host, wa
     assert wait_for(lambda: not processes_with(str(host.tmpdir)))
 
 
+# A worker as a script's `python worker.py &` starts it (SIGINT and SIGQUIT ignored), with
+# Python's SIGPIPE ignored, and its case thread blocking two signals.
+QUIET_WORKER = """
+import json, signal, sys
+from concurrent.futures import ThreadPoolExecutor
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+from verl_hyperlight import run_code
+
+def case():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1})
+    return run_code("hyperlight://", sys.argv[1], "", None, 10, None)
+
+with ThreadPoolExecutor(1) as pool:
+    response, error = pool.submit(case).result()
+print(json.dumps([response, error]))
+"""
+SEEN_SIGNALS = (
+    "import signal\n"
+    "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"
+    "print(signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL)\n"
+    "print(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))\n"
+)
+
+
+@pytest.mark.parametrize("way", ["direct", "spawner"])
+def test_hluk_starts_with_no_signal_the_worker_ignores_or_blocks(
+    host: Host, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A solution's signals are a fresh process's, whatever the worker's: its SIGINT raises
+    KeyboardInterrupt although the worker ignores it (as a background job does), and nothing
+    the case thread blocks reaches it."""
+    monkeypatch.setenv(_settings.SPAWN.name, way)
+    done = subprocess.run(
+        [sys.executable, "-c", QUIET_WORKER, SEEN_SIGNALS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(host.tmpdir)},
+    )
+    assert done.returncode == 0, done.stderr
+    response, error = json.loads(done.stdout)
+    assert error is None and response["status"] == "Success", response
+    assert response["run_result"]["stdout"] == "True\nTrue\n[]\n"
+
+
 def test_cases_tell_the_cleaner_nothing_once_their_root_is_known(host: Host) -> None:
     """The cleaner is woken by no case: the worker's directories are named with its token,
     hluk's environment carries it, and a root is told once (each record would wake it)."""

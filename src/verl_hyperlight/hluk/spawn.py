@@ -124,6 +124,12 @@ def _die_with_parent(parent: int) -> None:
 # posix_spawn's action that closes every descriptor from a number on (Python 3.13 and later,
 # where the C library has it): none of the worker's reaches hluk.
 _CLOSEFROM: int | None = getattr(os, "POSIX_SPAWN_CLOSEFROM", None)
+# hluk starts as from a fresh exec, whatever the worker's thread has: every signal at its default
+# action (a worker started in the background by a script ignores SIGINT and SIGQUIT, Python
+# ignores SIGPIPE; an ignored signal is inherited through exec) and none blocked (a blocked one
+# too). The spawner's way gives hluk the same (spawner.py). Popen's ways (setpriv, fork) reset
+# only SIGPIPE and SIGXFSZ, as subprocess does.
+DEFAULT_SIGNALS = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
 
 
 class _Child:
@@ -195,6 +201,8 @@ class _Popened:
                             *(() if _CLOSEFROM is None else ((_CLOSEFROM, 3),)),
                         ],
                         setsid=True,
+                        setsigmask=(),
+                        setsigdef=DEFAULT_SIGNALS,
                     )
                 )
             else:

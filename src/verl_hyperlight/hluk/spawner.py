@@ -50,7 +50,9 @@ PR_SET_PDEATHSIG = 1
 MESSAGE_LIMIT = 64 * 1024
 MAX_REQUEST = 64 * 1024 * 1024
 DESCRIPTORS = 3
-DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
+# hluk starts with every signal at its default action and none blocked, as from a fresh exec
+# (spawn.DEFAULT_SIGNALS, which this script, run apart from the package, cannot import).
+DEFAULT_SIGNALS = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
 _libc = ctypes.CDLL(None, use_errno=True)
 # glibc's mallopt: each request (57 KB: hluk's --warm-exec carries the guest runner) was
 # allocated, freed and the heap trimmed, ten page faults a case, about a tenth of the
@@ -165,6 +167,7 @@ class Spawner:
                     (os.POSIX_SPAWN_DUP2, stderr, 2),
                 ],
                 setpgroup=0,
+                setsigmask=(),
                 setsigdef=DEFAULT_SIGNALS,
             )
         except (OSError, ValueError) as exc:
