@@ -115,7 +115,8 @@ def _add_run(commands: _Commands) -> None:
     run.add_argument("--memory-limit-mb", type=_memory_limit, default=1024)
     run.add_argument(
         "--language",
-        choices=sorted(SANDBOX_FUSION_LANGUAGES, key=_runs_first),
+        # What runs here first, in RUNS' order (each is one of Sandbox Fusion's), then the rest.
+        choices=[*RUNS, *sorted(SANDBOX_FUSION_LANGUAGES.difference(RUNS))],
         metavar="LANGUAGE",
         help=f"the request's language, Sandbox Fusion's name for it: {', '.join(RUNS)} run here; "
         "an http(s) URL's service may run others (default: by SOLUTION's suffix, .cpp .cc .cxx "
@@ -165,11 +166,6 @@ SUFFIXES = {
 # Go's own convention: a file so named holds tests, which `go test` runs (Sandbox Fusion's
 # go_test), never `go run`.
 GO_TEST_SUFFIX = "_test.go"
-
-
-def _runs_first(language: str) -> tuple[bool, int, str]:
-    """--language's choices in help: what runs here first, in RUNS' order."""
-    return (language not in RUNS, RUNS.index(language) if language in RUNS else 0, language)
 
 
 def _language_of(name: str) -> tuple[str, str | None]:
