@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import builtins
 import dis
 import os
+import random
 import sys
 import threading
 import traceback
@@ -598,6 +600,61 @@ def test_frames_of_another_nonce_or_malformed_are_not_the_runners() -> None:
     feed(console, frame(nonce.encode(), runner.protocol.END, b"0", b"zero", b"-", b"0", b"0"))
     feed(console, frame(nonce.encode(), runner.protocol.STDOUT, b"not base64!"))
     assert console.started and console.end is None and not console.done
+
+
+def _random_console(rng: random.Random, nonce: bytes) -> tuple[bytes, list[bytes]]:
+    """A console as hluk's stdout may carry it: a runner's whole report (start, end, outputs
+    and fetched files in chunks, done) among text, forged and cut frames, frames of another
+    nonce and lines too long for a frame; and the report's outputs and files."""
+    protocol = runner.protocol
+    outputs = [rng.randbytes(rng.choice([0, 3, 40_000, 100_000])) for _ in range(2)]
+    files = [rng.randbytes(rng.choice([0, 5, 40_000])) for _ in range(rng.randint(0, 2))]
+    sizes = b",".join(b"%d" % len(data) for data in files) or b"-"
+    report = [protocol.frame(nonce, protocol.START), rng.randbytes(rng.randint(0, 50))]
+    end = (b"3", b"0.5", b"-", b"%d" % len(outputs[0]), b"%d" % len(outputs[1]), sizes)
+    report.append(protocol.frame(nonce, protocol.END, *end))
+    chunked = [(protocol.STDOUT, (), outputs[0]), (protocol.STDERR, (), outputs[1])]
+    chunked += [(protocol.FILE, (b"%d" % index,), data) for index, data in enumerate(files)]
+    for kind, index, data in chunked:
+        for at in range(0, len(data), protocol.CHUNK):
+            chunk = base64.b64encode(data[at : at + protocol.CHUNK])
+            report.append(protocol.frame(nonce, kind, *index, chunk))
+    report.append(protocol.frame(nonce, protocol.DONE))
+    noise = [
+        rng.randbytes(rng.randint(0, 300)),
+        protocol.frame(b"cd" * 16, protocol.START),
+        protocol.frame(nonce, protocol.STDOUT, b"not base64!"),
+        protocol.frame(nonce, protocol.END, b"0", b"zero", b"-", b"0", b"0", b"-"),
+        b"\n" + nonce + b" " + rng.randbytes(protocol.MAX_FRAME_LINE + 5) + b"\n",
+        b"\n" + nonce + b" st",
+    ]
+    before = rng.sample(noise, rng.randint(0, len(noise)))
+    stream = b"".join([*before, *report, *rng.sample(noise, 2)])
+    return stream.replace(b"\n", b"\r\n") if rng.random() < 0.5 else stream, [*outputs, *files]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_hosts_parser_reads_the_same_in_any_read_sizes(seed: int) -> None:
+    """Frames cut anywhere by the pipe's reads (a marker, a frame line, a \r\n) decode as
+    they do whole: the runner's report whole, nothing else taken for it."""
+    from verl_hyperlight.hluk import console as _console
+
+    rng = random.Random(seed)
+    nonce = "ab" * 16
+    stream, data = _random_console(rng, nonce.encode())
+    states = []
+    for read_size in (1 << 16, rng.choice([1, 2, 7, 61]), rng.randint(100, 1 << 16)):
+        console = _console.Console(nonce)
+        size = read_size if len(stream) < 20_000 or read_size > 99 else 4093
+        for offset in range(0, len(stream), size):
+            feed(console, stream[offset : offset + size])
+        assert console.started and console.done and console.whole and console.end is not None
+        outputs = [console.stream("stdout"), console.stream("stderr")]
+        outputs += [console.files[index].view() for index in sorted(console.files)]
+        assert [bytes(output) for output in outputs] == data
+        states.append((console.total, console.refusal, console.last, console.preamble()))
+        console.release()
+    assert states[0] == states[1] == states[2]
 
 
 def test_the_copy_out_budget_counts_the_fetched_files_too() -> None:

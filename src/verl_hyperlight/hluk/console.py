@@ -39,17 +39,22 @@ class _Output:
         self.size = size
         self.length = 0
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes) -> int:
+        """Add `data` (nothing of it if more than announced: that is not the runner's); the
+        bytes taken."""
         end = self.length + len(data)
-        if end <= self.size:  # more than announced is not the runner's
-            self.buffer[self.length : end] = data
-            self.length = end
+        if end > self.size:
+            return 0
+        self.buffer[self.length : end] = data
+        self.length = end
+        return len(data)
 
     def view(self) -> memoryview:
         return memoryview(self.buffer)[: self.length]
 
 
 _NO_OUTPUT = memoryview(b"")
+_CR = ord("\r")
 
 
 class Console:
@@ -60,22 +65,33 @@ class Console:
     its stream. Reads land in one buffer, frame lines in another, both made once per case, so
     a case allocates little besides its output (a worker's allocator then has nothing to
     fragment over thousands of cases), and holds about its output once, whatever the guest
-    writes."""
+    writes. A frame line that one read holds whole is decoded where it was read; only one cut
+    by a read's end is copied into the line buffer.
+
+    A case's host CPU is mostly this module's and ``watch``'s Python run on a cold cache after
+    each wake-up (docs/performance.md), so the common path here (whole frames, each in one
+    read) is kept to few lines: the state's defaults are the class's, and a frame is
+    dispatched on its kind once."""
+
+    # What a console starts with (an instance's own value replaces one as it changes).
+    total = 0
+    started = False
+    refusal: str | None = None
+    end: protocol.End | None = None
+    done = False
+    last = False  # the done frame said the guest ends next
+    _kept = 0  # unscanned bytes that may begin a marker, at the head of the read buffer
+    _line_length: int | None = None  # None: not within a frame line cut by a read's end
+    _missing = 0  # of the output the end frame announced, the bytes not yet copied
+    _released = False
 
     def __init__(self, nonce: str) -> None:
         self.nonce = nonce.encode("ascii")
         self.marker = b"\n" + self.nonce + b" "
-        self.total = 0
-        self.started = False
-        self.refusal: str | None = None
-        self.end: protocol.End | None = None
-        self.done = False
-        self.last = False  # the done frame said the guest ends next
         self.outputs: dict[str, _Output] = {}
         self.files: dict[int, _Output] = {}
-        # Unscanned text that may begin a marker stays at the head of the buffer (_kept bytes)
-        # and the next read lands after it. Only what was read or copied in is ever looked at:
-        # a spare buffer's old bytes are not.
+        # The next read lands after the kept bytes. Only what was read or copied in is ever
+        # looked at: a spare buffer's old bytes are not.
         spare = _spare.pop() if _spare and len(self.marker) <= _MARKER_ROOM else None
         if spare is None:
             spare = (
@@ -83,9 +99,6 @@ class Console:
                 bytearray(protocol.MAX_FRAME_LINE),
             )
         self._buffer, self._line = spare
-        self._kept = 0
-        self._released = False
-        self._line_length: int | None = None  # None: not within a frame line
         self._preamble = bytearray()
 
     def release(self) -> None:
@@ -98,91 +111,127 @@ class Console:
 
     def read(self, fd: int) -> int:
         """Read what `fd` has (at most READ_SIZE bytes) and scan it; 0 at its end."""
-        count = os.readv(fd, [memoryview(self._buffer)[self._kept : self._kept + READ_SIZE]])
+        kept = self._kept
+        count = os.readv(fd, [memoryview(self._buffer)[kept : kept + READ_SIZE]])
         self.total += count
-        self._scan(self._kept + count)
+        self._scan(kept + count)
         return count
 
     def _scan(self, end: int) -> None:
-        data, view = self._buffer, memoryview(self._buffer)
-        self._kept = 0
+        data, view, marker = self._buffer, memoryview(self._buffer), self.marker
         position = 0
-        while position < end:
-            if self._line_length is not None:
-                newline = data.find(b"\n", position, end)
-                stop = end if newline < 0 else newline
-                length = self._line_length + stop - position
-                if length > protocol.MAX_FRAME_LINE:
-                    self._line_length = None  # too long for a frame: not the runner's
-                else:
-                    self._line[self._line_length : length] = view[position:stop]
-                    self._line_length = length
-                    if newline >= 0:
-                        self._frame(memoryview(self._line)[:length])
-                        self._line_length = None
-                if newline < 0:
-                    return
-                position = newline  # the newline may begin the next frame
-                continue
-            found = data.find(self.marker, position, end)
+        if self._line_length is not None:
+            position = self._rest_of_line(view, 0, end)
+        while position >= 0:
+            found = data.find(marker, position, end)
             if found < 0:
                 # The marker may straddle this read and the next: its possible start is kept.
-                keep = max(position, end - len(self.marker) + 1)
-                self._text(view[position:keep])
-                self._kept = end - keep
-                data[: self._kept] = view[keep:end]
+                keep = max(position, end - len(marker) + 1)
+                if not self.started:
+                    self._text(view[position:keep])
+                self._kept = kept = end - keep
+                if kept:
+                    data[:kept] = view[keep:end]
                 return
-            self._text(view[position:found])
-            self._line_length = 0
-            position = found + len(self.marker)
+            if not self.started:
+                self._text(view[position:found])
+            position = found + len(marker)
+            newline = data.find(b"\n", position, end)
+            if newline < 0 or newline - position > protocol.MAX_FRAME_LINE:
+                self._line_length = 0
+                position = self._rest_of_line(view, position, end)
+            else:
+                self._frame(view[position:newline])
+                position = newline  # the newline may begin the next frame
+        self._kept = 0
+
+    def _rest_of_line(self, view: memoryview, position: int, end: int) -> int:
+        """Copy the frame line that `view[position:end]` holds (the rest of one begun, or its
+        start) into the line buffer, and decode it if its newline is here; where the scan goes
+        on (its newline), or -1 if the line takes the rest of the read."""
+        length = self._line_length
+        assert length is not None
+        newline = self._buffer.find(b"\n", position, end)
+        stop = end if newline < 0 else newline
+        total = length + stop - position
+        if total > protocol.MAX_FRAME_LINE:
+            self._line_length = None  # too long for a frame: not the runner's
+        elif newline < 0:
+            self._line[length:total] = view[position:stop]
+            self._line_length = total
+        else:
+            self._line[length:total] = view[position:stop]
+            self._line_length = None
+            self._frame(memoryview(self._line)[:total])
+        return newline
 
     def _text(self, text: memoryview) -> None:
-        if not self.started and text:
+        if text:
             self._preamble += text
             del self._preamble[:-PREAMBLE_LIMIT]
 
     def _frame(self, line: memoryview) -> None:
-        if line and line[-1] == ord("\r"):
+        if line and line[-1] == _CR:
             line = line[:-1]
-        space = bytes(line[:16]).find(b" ")
-        kind = bytes(line if space < 0 else line[:space])
+        head = bytes(line[:16])
+        space = head.find(b" ")
+        if space < 0:
+            self._bare_frame(head if len(line) <= 16 else b"")
+            return
+        kind, rest = head[:space], line[space + 1 :]
         if kind == protocol.START:
             self.started = True
-        elif kind == protocol.REFUSED and not self.started and self.refusal is None:
-            self.refusal = _base64_text(line[space + 1 :]) if space >= 0 else ""
+        elif kind == protocol.REFUSED:
+            if not self.started and self.refusal is None:
+                self.refusal = _base64_text(rest)
         elif not self.started or self.done:
             return
-        elif kind == protocol.END and self.end is None:
-            try:
-                self.end = protocol.parse_end(bytes(line).split(b" ")[1:])
-            except ValueError:
-                return  # not the runner's: a frame a solution forged
-            for name, size in zip(("stdout", "stderr"), self.end.sizes, strict=True):
-                self.outputs[name] = _Output(size)
-            for index, size in enumerate(self.end.files):
-                if size >= 0:
-                    self.files[index] = _Output(size)
-        elif kind in protocol.STREAMS and self.end is not None and space >= 0:
-            data = _base64(line[space + 1 :])
-            if data is not None:
-                self.outputs[protocol.STREAMS[kind]].add(data)
-        elif kind == protocol.FILE and self.end is not None and space >= 0:
-            index_and_data = bytes(line[space + 1 : space + 16]).split(b" ", 1)[0]
-            output = self.files.get(int(index_and_data)) if index_and_data.isdigit() else None
-            data = _base64(line[space + 2 + len(index_and_data) :])
+        elif kind in protocol.STREAMS:
+            if self.end is not None and (data := _base64(rest)) is not None:
+                self._missing -= self.outputs[protocol.STREAMS[kind]].add(data)
+        elif kind == protocol.DONE:
+            if self.end is not None:
+                self.done = True
+                self.last = bytes(rest) == protocol.LAST
+        elif kind == protocol.END:
+            if self.end is None:
+                self._ended(bytes(rest).split(b" "))
+        elif kind == protocol.FILE and self.end is not None:
+            index = bytes(rest[:15]).split(b" ", 1)[0]
+            output = self.files.get(int(index)) if index.isdigit() else None
+            data = _base64(rest[len(index) + 1 :])
             if output is not None and data is not None:
-                output.add(data)
-        elif kind == protocol.DONE and self.end is not None:
+                self._missing -= output.add(data)
+
+    def _bare_frame(self, kind: bytes) -> None:
+        """A frame of its kind alone (`kind`: b"" if it is longer than any)."""
+        if kind == protocol.START:
+            self.started = True
+        elif kind == protocol.REFUSED:
+            if not self.started and self.refusal is None:
+                self.refusal = ""
+        elif kind == protocol.DONE and self.started and not self.done and self.end is not None:
             self.done = True
-            self.last = bytes(line[space + 1 :]) == protocol.LAST if space >= 0 else False
+        elif kind == protocol.END and self.started and not self.done and self.end is None:
+            self._ended([])
+
+    def _ended(self, fields: list[bytes]) -> None:
+        """The end frame's `fields`: the solution has ended, and its output's sizes follow."""
+        try:
+            self.end = end = protocol.parse_end(fields)
+        except ValueError:
+            return  # not the runner's: a frame a solution forged
+        self.outputs["stdout"] = _Output(end.sizes[0])
+        self.outputs["stderr"] = _Output(end.sizes[1])
+        for index, size in enumerate(end.files):
+            if size >= 0:
+                self.files[index] = _Output(size)
+        self._missing = end.copied
 
     @property
     def whole(self) -> bool:
         """Whether the report is done and each output got the size its end frame announced."""
-        return self.done and all(
-            output.length == output.size
-            for output in (*self.outputs.values(), *self.files.values())
-        )
+        return self.done and not self._missing
 
     def stream(self, name: str) -> memoryview:
         output = self.outputs.get(name)
@@ -190,7 +239,8 @@ class Console:
 
     def preamble(self) -> bytes:
         """The end of the text before the start, once hluk's stdout has ended."""
-        self._text(memoryview(self._buffer)[: self._kept])
+        if not self.started:
+            self._text(memoryview(self._buffer)[: self._kept])
         self._kept = 0
         # The \r of the console's \r\n before the start frame is the console's, not text.
         return bytes(self._preamble).replace(b"\r\n", b"\n").removesuffix(b"\r")
