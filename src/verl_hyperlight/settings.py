@@ -47,15 +47,21 @@ class Setting(Generic[T]):
 
     def value(self) -> T:
         """Its value now: `default` when it is not set, or not usable (said once per value).
-        Every case reads a dozen: a value read from the same text as the last time is that
-        value again (each `read` is a function of the text alone), found in os.environ's own
-        bytes (see `variables`) with no decoding."""
+        Every case reads a dozen: a value read from a text before is that value again (each
+        `read` is a function of the text alone), found by os.environ's own bytes (see
+        `variables`) with no decoding, and in two lines of Python (each costs a case's CPU,
+        docs/performance.md)."""
+        try:
+            return _settings_seen[self.name, os.environ._data.get(_encoded(self.name))]  # type: ignore[attr-defined,no-any-return]
+        except KeyError:
+            return self._read()
+
+    def _read(self) -> T:
         raw = os.environ._data.get(_encoded(self.name))  # type: ignore[attr-defined]
-        seen = _settings_seen.get(self.name)
-        if seen is not None and seen[0] == raw:
-            return seen[1]  # type: ignore[no-any-return]
+        if len(_settings_seen) > _SEEN_LIMIT:
+            _settings_seen.clear()  # an environment rewritten over and over: kept bounded
         if raw is None:
-            _settings_seen[self.name] = (raw, self.default)
+            _settings_seen[self.name, raw] = self.default
             return self.default
         text = os.fsdecode(raw)
         try:
@@ -70,12 +76,14 @@ class Setting(Generic[T]):
                     self.unset,
                 )
             return self.default
-        _settings_seen[self.name] = (raw, found)
+        _settings_seen[self.name, raw] = found
         return found
 
 
-# Each setting's last text (os.environ's bytes; None: unset) and the value read from it.
-_settings_seen: dict[str, tuple[bytes | None, Any]] = {}
+# The value read from each setting's texts (os.environ's bytes; None: unset) so far, usable ones
+# alone (an unusable one is read and said each time), at most _SEEN_LIMIT of them.
+_settings_seen: dict[tuple[str, bytes | None], Any] = {}
+_SEEN_LIMIT = 4096
 
 
 @functools.cache
@@ -565,7 +573,7 @@ def hluk_cache_directory() -> str:
     if chosen is None:
         parent = XDG_CACHE_HOME.value() or os.path.join(os.path.expanduser("~"), ".cache")
         chosen = os.path.join(parent, "hluk")
-    return chosen if os.path.isabs(chosen) else os.path.join(os.getcwd(), chosen)
+    return chosen if chosen.startswith("/") else os.path.join(os.getcwd(), chosen)
 
 
 def compile_cache_dir() -> str:
@@ -638,6 +646,17 @@ _PATHS = tuple(passed.name for passed in PASSED if passed.path)
 _TO_SPAWNER = tuple(passed.name for passed in PASSED if not passed.to_hluk)
 
 
+def absolute(path: str) -> str:
+    """`path` made absolute, as os.path.abspath makes it. Every case asks this of the same
+    absolute paths (hluk's, its cache's, those passed to it), whose normal form is lexical and
+    so found again, with no Python run (each line of which costs a case's CPU,
+    docs/performance.md)."""
+    return _normal(path) if path.startswith("/") else os.path.abspath(path)
+
+
+_normal = functools.lru_cache(maxsize=256)(os.path.normpath)
+
+
 def hluk_environment() -> dict[str, str]:
     """The environment hluk runs with: the variables PASSED to it, and what the operator adds
     (HLUK_ENV)."""
@@ -645,7 +664,7 @@ def hluk_environment() -> dict[str, str]:
     passed = variables(_TO_HLUK + added.names, added.prefixes)
     for name in _PATHS:  # relative to the working directory of now
         if passed.get(name):
-            passed[name] = os.path.abspath(passed[name])
+            passed[name] = absolute(passed[name])
     return passed
 
 

@@ -112,7 +112,7 @@ def make(files: list[tuple[str, bytes]]) -> CaseDir:
     chosen = settings.CASE_DIR.value()
     size = sum(len(data) for _, data in files)
     if chosen:
-        root = os.path.abspath(chosen)
+        root = settings.absolute(chosen)
     else:
         if _tmpfs_has_room(size):
             try:
@@ -141,7 +141,7 @@ def make_empty() -> CaseDir:
     by `fill`): made where `make` makes a small case's; OSError when it cannot be."""
     chosen = settings.CASE_DIR.value()
     if chosen:
-        root = os.path.abspath(chosen)
+        root = settings.absolute(chosen)
     else:
         root = TMPFS if _tmpfs_has_room(0) else tempfile.gettempdir()
     return _make_in(root, [])
@@ -199,7 +199,7 @@ def _make_in(root: str, files: list[tuple[str, bytes]]) -> CaseDir:
     # collide.
     cleaner.watch(root)  # before the directory is made: a death after leaves none behind
     made = CaseDir(
-        os.path.join(root, cleaner.token() + secrets.token_hex(8)),
+        f"{root.rstrip('/')}/{cleaner.token()}{secrets.token_hex(8)}",
         tuple(name for name, _ in files),
     )
     os.mkdir(made.path, 0o700)
@@ -217,7 +217,7 @@ def _write_case(case_dir: str, files: list[tuple[str, bytes]]) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     for name, data in files:
         mode = 0o777 if name == protocol.PROGRAM else 0o666
-        fd = os.open(os.path.join(case_dir, name), flags, mode)
+        fd = os.open(f"{case_dir}/{name}", flags, mode)  # a name of protocol's, no join
         try:
             view = memoryview(data)
             while view:
@@ -231,7 +231,7 @@ def _remove_case(case_dir: str, names: tuple[str, ...]) -> None:
     more than that); the walk only when that fails (a case whose files were not all written)."""
     try:
         for name in names:
-            os.unlink(os.path.join(case_dir, name))
+            os.unlink(f"{case_dir}/{name}")
         os.rmdir(case_dir)
     except OSError:
         shutil.rmtree(case_dir, ignore_errors=True)

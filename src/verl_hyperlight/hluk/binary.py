@@ -23,7 +23,7 @@ def hluk_path() -> str:
     """The hluk to run: HLUK_PATH, else the one on PATH (absolute either way)."""
     chosen = settings.HLUK_PATH.value()
     if chosen is not None:
-        return os.path.abspath(chosen)
+        return settings.absolute(chosen)
     # Every case asks: the one PATH led to last is taken again while it is still there and
     # PATH is the same (a PATH walk is a stat per directory).
     search = settings.variables(("PATH",)).get("PATH")
