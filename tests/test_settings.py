@@ -128,6 +128,25 @@ def test_hluks_environment_is_what_it_reads_and_what_the_operator_adds(
     assert _settings.hluk_environment()["WRAPPER_TOKEN"] == "changed"
 
 
+def test_the_paths_passed_to_hluk_are_absolute_from_the_directory_of_each_case(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """hluk runs elsewhere than the worker: a relative cache path is made absolute as each case
+    asks, from the working directory of then (an answer found again would be a past one's)."""
+    monkeypatch.setenv("HLUK_CACHE_DIR", "cache/../hluk-cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/var/tmp/./xdg/")
+    for directory in (tmp_path / "a", tmp_path / "b"):
+        directory.mkdir()
+        monkeypatch.chdir(directory)
+        found = _settings.hluk_environment()
+        assert found["HLUK_CACHE_DIR"] == str(directory / "hluk-cache")
+        assert found["XDG_CACHE_HOME"] == "/var/tmp/xdg"
+    monkeypatch.setenv("HLUK_CACHE_DIR", "/srv//hluk")
+    assert _settings.hluk_environment()["HLUK_CACHE_DIR"] == "/srv/hluk"
+    monkeypatch.chdir(tmp_path)
+    assert _settings.hluk_environment()["HLUK_CACHE_DIR"] == "/srv/hluk"
+
+
 def test_the_environment_is_read_as_os_environ_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERL_HYPERLIGHT_TEST_SET", "é and \udcff")  # undecodable bytes too
     monkeypatch.delenv("HOME", raising=False)

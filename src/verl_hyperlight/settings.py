@@ -659,13 +659,26 @@ _normal = functools.lru_cache(maxsize=256)(os.path.normpath)
 
 def hluk_environment() -> dict[str, str]:
     """The environment hluk runs with: the variables PASSED to it, and what the operator adds
-    (HLUK_ENV)."""
+    (HLUK_ENV). Every case asks: found again while os.environ is the same (compared whole, in
+    C) and the paths passed on were absolute already (a relative one depends on the working
+    directory of now)."""
+    global _hluk_seen
+    seen = _hluk_seen  # one tuple, replaced whole: read once
+    if seen is not None and seen[0] == os.environ._data:  # type: ignore[attr-defined]
+        return dict(seen[1])
     added = HLUK_ENV.value()
     passed = variables(_TO_HLUK + added.names, added.prefixes)
-    for name in _PATHS:  # relative to the working directory of now
+    fixed = True
+    for name in _PATHS:
         if passed.get(name):
+            fixed = fixed and passed[name].startswith("/")
             passed[name] = absolute(passed[name])
-    return passed
+    _hluk_seen = (dict(os.environ._data), passed) if fixed else None  # type: ignore[attr-defined]
+    return dict(passed)
+
+
+# hluk's environment as last found, with the environment (os.environ's bytes) it was found in.
+_hluk_seen: tuple[dict[bytes, bytes], dict[str, str]] | None = None
 
 
 def spawner_environment() -> dict[str, str]:
