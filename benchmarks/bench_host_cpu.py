@@ -7,7 +7,9 @@ a user's worker would write without run_code. For each: the CPU per case of the 
 its threads) and of its long-lived helpers (the cleaner; the spawner and its guard on that
 way), hluk and its guest not counted; the context switches per case of each, since a
 thread's sleep and wake-up is what costs most here (a nested VM's timer and IPI exits); and
-the ratio of the total to the bare spawn's.
+the ratio of the total to the bare spawn's. Last, the lines of Python each runs per case
+(traced, all threads): a count that does not change from run to run, of the Python that,
+run on cold caches after each wake-up, is most of the CPU here.
 
 Usage: python benchmarks/bench_host_cpu.py [--cases N]
 """
@@ -20,9 +22,12 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from bench_run_code import _children, case_argv, standin_environment
 
@@ -72,6 +77,26 @@ def measured(task: Callable[[], None], cases: int) -> tuple[float, float, float,
     )
 
 
+def lines_per_case(task: Callable[[], None], cases: int = 20) -> float:
+    """The lines of Python `task` runs (all threads, traced), per case."""
+    count = 0
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal count
+        count += event == "line"
+        return trace
+
+    threading.settrace(trace)
+    sys.settrace(trace)
+    try:
+        for _ in range(cases):
+            task()
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)
+    return count / cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=200, help="cases per figure")
@@ -93,7 +118,7 @@ def main() -> None:
 
     print(f"{args.cases} trivial cases each, stand-in hluk; CPU ms and context switches per case")
     print(f"{'':32} {'worker':>8} {'switches':>8} {'helpers':>8} {'switches':>8} {'total':>7}")
-    figures = {}
+    figures, lines = {}, {}
     for label, ready in [
         ("run_code, ready guests off", "0"),
         ("run_code, ready guests on", "2"),
@@ -107,6 +132,8 @@ def main() -> None:
         ending.wait(30)
         worker, worker_switches, helper, helper_switches = measured(task, args.cases)
         figures[label] = worker + helper
+        lines[label] = lines_per_case(task)
+        ending.wait(30)
         print(
             f"{label:32} {worker:8.3f} {worker_switches:8.1f} {helper:8.3f} "
             f"{helper_switches:8.1f} {worker + helper:7.3f}"
@@ -115,6 +142,7 @@ def main() -> None:
     for label, total in figures.items():
         if label.startswith("run_code"):
             print(f"ratio {label} / bare: {total / base:.2f} (+{total - base:.3f} ms)")
+    print("lines of Python run per case: " + "; ".join(f"{k} {v:.0f}" for k, v in lines.items()))
     sys.stdout.flush()
 
 

@@ -132,3 +132,8 @@ def test_bench_host_cpu_prints_each_side_and_the_ratios_to_the_bare_spawn() -> N
     for line, label in zip(ratios, list(table)[:2], strict=True):
         ratio = float(line.split(": ")[1].split()[0])
         assert ratio == pytest.approx(totals[label] / totals["bare subprocess.run"], rel=0.02)
+    # and the Python each runs per case, traced: a count of each of the three
+    counted = lines[-1].removeprefix("lines of Python run per case: ")
+    assert counted != lines[-1]
+    figures = dict(part.rsplit(" ", 1) for part in counted.split("; "))
+    assert list(figures) == list(table) and all(int(n) > 0 for n in figures.values())
