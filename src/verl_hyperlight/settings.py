@@ -666,6 +666,9 @@ def hluk_environment() -> dict[str, str]:
     seen = _hluk_seen  # one tuple, replaced whole: read once
     if seen is not None and seen[0] == os.environ._data:  # type: ignore[attr-defined]
         return dict(seen[1])
+    # The environment as it was before anything was read of it: one changed meanwhile does
+    # not match it at the next case, which then reads again.
+    environment = dict(os.environ._data)  # type: ignore[attr-defined]
     added = HLUK_ENV.value()
     passed = variables(_TO_HLUK + added.names, added.prefixes)
     fixed = True
@@ -673,7 +676,7 @@ def hluk_environment() -> dict[str, str]:
         if passed.get(name):
             fixed = fixed and passed[name].startswith("/")
             passed[name] = absolute(passed[name])
-    _hluk_seen = (dict(os.environ._data), passed) if fixed else None  # type: ignore[attr-defined]
+    _hluk_seen = (environment, passed) if fixed else None
     return dict(passed)
 
 
