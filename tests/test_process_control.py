@@ -279,7 +279,11 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
 ballast = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
 records = []
 handler = logging.Handler(logging.WARNING)
-handler.emit = lambda record: records.append(record.getMessage())
+# A stand-in slow to exit after its report (a loaded machine: CI's two suites at once) is said
+# at WARNING by design (test_answer_at_report): not what this test is about.
+handler.emit = lambda record: (
+    "had not ended" in record.getMessage() or records.append(record.getMessage())
+)
 logging.getLogger("verl_hyperlight").addHandler(handler)
 from verl_hyperlight import run_code
 from verl_hyperlight.hluk import ending
