@@ -66,12 +66,9 @@ class Console:
     a case allocates little besides its output (a worker's allocator then has nothing to
     fragment over thousands of cases), and holds about its output once, whatever the guest
     writes. A frame line that one read holds whole is decoded where it was read; only one cut
-    by a read's end is copied into the line buffer.
-
-    A case's host CPU is mostly this module's and ``watch``'s Python run on a cold cache after
-    each wake-up (docs/performance.md), so the common path here (whole frames, each in one
-    read) is kept to few lines: the state's defaults are the class's, and a frame is
-    dispatched on its kind once."""
+    by a read's end is copied into the line buffer. Every case's report passes here, so the
+    common path (whole frames, each in one read) is kept short: the state's defaults are the
+    class's, and a frame is dispatched on its kind once."""
 
     # What a console starts with (an instance's own value replaces one as it changes).
     total = 0
@@ -156,12 +153,10 @@ class Console:
         total = length + stop - position
         if total > protocol.MAX_FRAME_LINE:
             self._line_length = None  # too long for a frame: not the runner's
-        elif newline < 0:
-            self._line[length:total] = view[position:stop]
-            self._line_length = total
-        else:
-            self._line[length:total] = view[position:stop]
-            self._line_length = None
+            return newline
+        self._line[length:total] = view[position:stop]
+        self._line_length = total if newline < 0 else None
+        if newline >= 0:
             self._frame(memoryview(self._line)[:total])
         return newline
 
@@ -175,10 +170,10 @@ class Console:
             line = line[:-1]
         head = bytes(line[:16])
         space = head.find(b" ")
-        if space < 0:
-            self._bare_frame(head if len(line) <= 16 else b"")
-            return
-        kind, rest = head[:space], line[space + 1 :]
+        if space >= 0:
+            kind, rest = head[:space], line[space + 1 :]
+        else:  # a kind alone, with empty fields (b"": longer than any kind)
+            kind, rest = (head if len(line) <= 16 else b""), _NO_OUTPUT
         if kind == protocol.START:
             self.started = True
         elif kind == protocol.REFUSED:
@@ -202,18 +197,6 @@ class Console:
             data = _base64(rest[len(index) + 1 :])
             if output is not None and data is not None:
                 self._missing -= output.add(data)
-
-    def _bare_frame(self, kind: bytes) -> None:
-        """A frame of its kind alone (`kind`: b"" if it is longer than any)."""
-        if kind == protocol.START:
-            self.started = True
-        elif kind == protocol.REFUSED:
-            if not self.started and self.refusal is None:
-                self.refusal = ""
-        elif kind == protocol.DONE and self.started and not self.done and self.end is not None:
-            self.done = True
-        elif kind == protocol.END and self.started and not self.done and self.end is None:
-            self._ended([])
 
     def _ended(self, fields: list[bytes]) -> None:
         """The end frame's `fields`: the solution has ended, and its output's sizes follow."""
