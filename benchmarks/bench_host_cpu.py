@@ -8,8 +8,8 @@ its threads) and of its long-lived helpers (the cleaner; the spawner and its gua
 way), hluk and its guest not counted; the context switches per case of each, since a
 thread's sleep and wake-up is what costs most here (a nested VM's timer and IPI exits); and
 the ratio of the total to the bare spawn's. Last, the lines of Python each runs per case
-(traced, all threads): a count that does not change from run to run, of the Python that,
-run on cold caches after each wake-up, is most of the CPU here.
+(traced, all threads): a count that does not change from run to run, though the CPU
+follows it only in part (docs/performance.md).
 
 Usage: python benchmarks/bench_host_cpu.py [--cases N]
 """

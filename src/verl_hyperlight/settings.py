@@ -49,8 +49,7 @@ class Setting(Generic[T]):
         """Its value now: `default` when it is not set, or not usable (said once per value).
         Every case reads a dozen: a value read from a text before is that value again (each
         `read` is a function of the text alone), found by os.environ's own bytes (see
-        `variables`) with no decoding, and in two lines of Python (each costs a case's CPU,
-        docs/performance.md)."""
+        `variables`) with no decoding, in one dictionary lookup."""
         try:
             return _settings_seen[self.name, os.environ._data.get(_encoded(self.name))]  # type: ignore[attr-defined,no-any-return]
         except KeyError:
@@ -649,8 +648,7 @@ _TO_SPAWNER = tuple(passed.name for passed in PASSED if not passed.to_hluk)
 def absolute(path: str) -> str:
     """`path` made absolute, as os.path.abspath makes it. Every case asks this of the same
     absolute paths (hluk's, its cache's, those passed to it), whose normal form is lexical and
-    so found again, with no Python run (each line of which costs a case's CPU,
-    docs/performance.md)."""
+    so found again, in a cache."""
     return _normal(path) if path.startswith("/") else os.path.abspath(path)
 
 
