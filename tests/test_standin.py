@@ -818,8 +818,25 @@ def test_hang_file_hangs_the_next_n_runs_then_none(env: dict[str, str], tmp_path
     out = tmp_path / "out"
     out.mkdir()
     hanging = {**env, "HLUK_STANDIN_HANG_FILE": str(counter)}
-    with pytest.raises(subprocess.TimeoutExpired):
-        guest(hanging, WRITE_TO_MOUNT, "--mount", f"{out}:/out", timeout=1)
+    # The first run is watched until it has taken its count: a run killed on a timer could be
+    # killed, on a loaded machine, before it read the file, and leave the count to the next.
+    first = subprocess.Popen(
+        [env["HLUK_PATH"], "run", "--mount", f"{out}:/out", "--exec", WRITE_TO_MOUNT],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **hanging},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while counter.read_text() != "0" and first.poll() is None:
+            assert time.monotonic() < deadline, "the first run never took its count"
+            time.sleep(0.02)
+        time.sleep(0.5)
+        assert first.poll() is None, "the first run ended instead of hanging"
+    finally:
+        first.kill()
+        first.wait()
     assert not (out / "ran").exists()
     result = guest(hanging, WRITE_TO_MOUNT, "--mount", f"{out}:/out")
     assert (result.returncode, result.stderr) == (0, b"")
