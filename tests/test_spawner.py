@@ -5,6 +5,7 @@ test_process_control.py, run on each way."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import logging
@@ -85,7 +86,13 @@ def test_hluk_is_started_by_the_spawner_not_by_the_worker(host: Host, fresh: Non
         assert guard in children_of(os.getpid()) and children_of(guard) == {spawner}
         hluks = children_of(spawner)
         assert hluks and not hluks & children_of(os.getpid())
-        assert all(os.getpgid(pid) == pid for pid in hluks)  # each in a group of its own
+        # Each in a group of its own; one of an earlier case (the warm-up's probe) may end
+        # between the listing and the look at it.
+        grouped = []
+        for pid in hluks:
+            with contextlib.suppress(ProcessLookupError):
+                grouped.append(os.getpgid(pid) == pid)
+        assert grouped and all(grouped)
     finally:
         thread.join()
 
