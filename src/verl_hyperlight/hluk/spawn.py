@@ -121,9 +121,22 @@ def _die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _popen_way(argv: list[str], way: str) -> tuple[list[str], Callable[[], None] | None]:
+    """What Popen starts on the setpriv and fork ways, and the fork way's preexec_fn (None:
+    Popen makes the session)."""
+    if way == "setpriv" and (path := setpriv()) is not None:
+        if os.path.isdir(argv[0]) or not os.access(argv[0], os.X_OK):
+            # setpriv would only say so on hluk's stderr, after it started
+            raise OSError(errno.EACCES, "not an executable file", argv[0])
+        return [path, "--pdeathsig", "KILL", "--", *argv], None
+    parent = os.getpid()
+    return argv, lambda: _die_with_parent(parent)
+
+
 # posix_spawn's action that closes every descriptor from a number on (Python 3.13 and later,
 # where the C library has it): none of the worker's reaches hluk.
 _CLOSEFROM: int | None = getattr(os, "POSIX_SPAWN_CLOSEFROM", None)
+_CLOSE_OTHERS: tuple[tuple[int, int], ...] = () if _CLOSEFROM is None else ((_CLOSEFROM, 3),)
 # hluk starts as from a fresh exec, whatever the worker's thread has: every signal at its default
 # action (a worker started in the background by a script ignores SIGINT and SIGQUIT, Python
 # ignores SIGPIPE; an ignored signal is inherited through exec) and none blocked (a blocked one
@@ -161,18 +174,12 @@ class _Popened:
     def __init__(
         self, argv: list[str], cwd: str | None, env: dict[str, str], way: str, stdin: bool
     ) -> None:
-        parent = os.getpid()
-        command = argv
-        preexec: Callable[[], None] | None = lambda: _die_with_parent(parent)  # noqa: E731
-        if way == "direct":
-            preexec = None
-        elif way == "setpriv" and (path := setpriv()) is not None:
-            if os.path.isdir(argv[0]) or not os.access(argv[0], os.X_OK):
-                # setpriv would only say so on hluk's stderr, after it started
-                raise OSError(errno.EACCES, "not an executable file", argv[0])
-            command, preexec = [path, "--pdeathsig", "KILL", "--", *argv], None
+        preexec = None  # the direct way's, in another directory (Popen then starts it)
+        if way != "direct":
+            argv, preexec = _popen_way(argv, way)
         # The pipes and /dev/null are made here, not by Popen: Python 3.10's Popen leaks
         # those it made when a later one cannot be (EMFILE at the worker's descriptor limit).
+        # Every case passes here: the direct way's steps are written out, not looped.
         ours: list[int] = []  # the ends kept here
         theirs: list[int] = []  # the child's, closed once it has them
         try:
@@ -183,22 +190,24 @@ class _Popened:
             else:
                 child_stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
                 theirs.append(child_stdin)
-            for _ in ("stdout", "stderr"):
-                read, write = os.pipe2(os.O_CLOEXEC)
-                ours.append(read)
-                theirs.append(write)
+            stdout, child_stdout = os.pipe2(os.O_CLOEXEC)
+            ours.append(stdout)
+            theirs.append(child_stdout)
+            stderr, child_stderr = os.pipe2(os.O_CLOEXEC)
+            ours.append(stderr)
+            theirs.append(child_stderr)
             self.popen: subprocess.Popen[bytes] | _Child
             if way == "direct" and cwd is None:
                 self.popen = _Child(
                     os.posix_spawn(
-                        command[0],
-                        command,
+                        argv[0],
+                        argv,
                         env,
                         file_actions=[
                             (os.POSIX_SPAWN_DUP2, child_stdin, 0),
-                            (os.POSIX_SPAWN_DUP2, theirs[-2], 1),
-                            (os.POSIX_SPAWN_DUP2, theirs[-1], 2),
-                            *(() if _CLOSEFROM is None else ((_CLOSEFROM, 3),)),
+                            (os.POSIX_SPAWN_DUP2, child_stdout, 1),
+                            (os.POSIX_SPAWN_DUP2, child_stderr, 2),
+                            *_CLOSE_OTHERS,
                         ],
                         setsid=True,
                         setsigmask=(),
@@ -207,10 +216,10 @@ class _Popened:
                 )
             else:
                 self.popen = subprocess.Popen(
-                    command,
+                    argv,
                     stdin=child_stdin,
-                    stdout=theirs[-2],
-                    stderr=theirs[-1],
+                    stdout=child_stdout,
+                    stderr=child_stderr,
                     close_fds=True,
                     cwd=cwd,
                     env=env,
@@ -222,8 +231,8 @@ class _Popened:
             raise
         finally:
             close(theirs)
-        *to_child, self.stdout, self.stderr = ours
-        self.stdin: int | None = to_child[0] if to_child else None
+        self.stdout, self.stderr = stdout, stderr
+        self.stdin: int | None = ours[0] if stdin else None
         self.error = ""
         self.error_number = 0
         self.lost = False
@@ -231,9 +240,9 @@ class _Popened:
         self._stopped = False
         self.exit_fd = -1  # none yet
         try:
-            for fd in (self.stderr, self.stdin):
-                if fd is not None:
-                    carry_lines(fd)
+            carry_lines(stderr)
+            if stdin:
+                carry_lines(ours[0])
             self.exit_fd = self._exit_descriptor()
         except BaseException:
             self.stop()  # a hluk started, whose exit cannot be watched: ended at once
