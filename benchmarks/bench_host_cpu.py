@@ -3,13 +3,15 @@
 In one worker (this process), trivial cases back to back through run_code on the stand-in
 hluk (tests/standin, in bubblewrap), with ready guests off and on, then the same number of
 bare `subprocess.run` of the stand-in with a case's argv from the same worker, which is what
-a user's worker would write without run_code. For each: the CPU per case of the worker (all
-its threads) and of its long-lived helpers (the cleaner; the spawner and its guard on that
-way), hluk and its guest not counted; the context switches per case of each, since a
-thread's sleep and wake-up is what costs most here (a nested VM's timer and IPI exits); and
-the ratio of the total to the bare spawn's. Last, the lines of Python each runs per case
-(traced, all threads): a count that does not change from run to run, though the CPU
-follows it only in part (docs/performance.md).
+a user's worker would write without run_code; and between them the least a case can do in
+plain Python (`least_case`: the same case directory, spawn, console and answer, with none of
+run_code's checks, deadlines or errors), the floor of any pure-Python run_code. For each: the
+CPU per case of the worker (all its threads) and of its long-lived helpers (the cleaner; the
+spawner and its guard on that way), hluk and its guest not counted; the context switches per
+case of each, since a thread's sleep and wake-up is what costs most here (a nested VM's timer
+and IPI exits); and the ratio of the total to the bare spawn's. Last, the lines of Python each
+runs per case (traced, all threads): a count that does not change from run to run
+(docs/performance.md says how the CPU follows it).
 
 Usage: python benchmarks/bench_host_cpu.py [--cases N]
 """
@@ -17,8 +19,11 @@ Usage: python benchmarks/bench_host_cpu.py [--cases N]
 from __future__ import annotations
 
 import argparse
+import binascii
 import os
 import resource
+import secrets
+import select
 import subprocess
 import sys
 import tempfile
@@ -97,6 +102,82 @@ def lines_per_case(task: Callable[[], None], cases: int = 20) -> float:
     return count / cases
 
 
+def least_case(argv: list[str], nonce: str, case_dir: Path) -> Callable[[], None]:
+    """The least a case can do in plain Python, none of run_code's in it: a case directory
+    made and removed, hluk started by posix_spawn in a session of its own, its console read
+    to the done frame, the frames decoded, hluk reaped, an answer built. No validation, no
+    deadline but one poll's, no error handled: a floor, not a way to run cases."""
+    mount = argv.index("--mount") + 1
+    case_root = os.environ.get("VERL_HYPERLIGHT_CASE_DIR") or (
+        "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    )
+    environment = dict(os.environ)
+
+    def task() -> None:
+        token = secrets.token_hex(16)
+        directory = f"{case_root}/verl-hyperlight-least-{token[:16]}"
+        os.mkdir(directory, 0o700)
+        with open(f"{directory}/solution.py", "w") as file:
+            file.write("print(1)")
+        with open(f"{directory}/stdin", "w"):
+            pass
+        command = argv[:]
+        command[mount] = command[mount].replace(str(case_dir), directory)
+        command[-1] = command[-1].replace(nonce, token)
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        stdout, child_stdout = os.pipe2(os.O_CLOEXEC)
+        stderr, child_stderr = os.pipe2(os.O_CLOEXEC)
+        pid = os.posix_spawn(
+            command[0],
+            command,
+            environment,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, null, 0),
+                (os.POSIX_SPAWN_DUP2, child_stdout, 1),
+                (os.POSIX_SPAWN_DUP2, child_stderr, 2),
+            ],
+            setsid=True,
+        )
+        for fd in (null, child_stdout, child_stderr):
+            os.close(fd)
+        poller = select.poll()
+        poller.register(stdout, select.POLLIN)
+        poller.register(stderr, select.POLLIN)
+        done, console = f"\n{token} done".encode(), b""
+        while done not in console:
+            for fd, _ in poller.poll(10_000):
+                chunk = os.read(fd, 65536)
+                console += chunk if fd == stdout else b""
+                if not chunk:
+                    poller.unregister(fd)
+        outputs, end = {b"stdout": b"", b"stderr": b""}, [b"1", b"0"]
+        for frame in console.split(f"\n{token} ".encode())[1:]:
+            kind, _, rest = frame.split(b"\n", 1)[0].rstrip(b"\r").partition(b" ")
+            if kind in outputs:
+                outputs[kind] += binascii.a2b_base64(rest)
+            elif kind == b"end":
+                end = rest.split(b" ")
+        os.waitpid(pid, 0)
+        os.close(stdout)
+        os.close(stderr)
+        os.unlink(f"{directory}/solution.py")
+        os.unlink(f"{directory}/stdin")
+        os.rmdir(directory)
+        answer = {
+            "status": "Success",
+            "run_result": {
+                "status": "Finished",
+                "return_code": int(end[0]),
+                "execution_time": float(end[1]),
+                "stdout": outputs[b"stdout"].decode(),
+                "stderr": outputs[b"stderr"].decode(),
+            },
+        }
+        assert answer["run_result"]["stdout"] == "1\n", console
+
+    return task
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=200, help="cases per figure")
@@ -116,16 +197,19 @@ def main() -> None:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
         assert done.returncode == 0 and nonce.encode() in done.stdout, done.stderr
 
+    least = least_case(argv, nonce, scratch / "case")
+
     print(f"{args.cases} trivial cases each, stand-in hluk; CPU ms and context switches per case")
     print(f"{'':32} {'worker':>8} {'switches':>8} {'helpers':>8} {'switches':>8} {'total':>7}")
     figures, lines = {}, {}
     for label, ready in [
         ("run_code, ready guests off", "0"),
         ("run_code, ready guests on", "2"),
+        ("least case in plain Python", "least"),
         ("bare subprocess.run", ""),
     ]:
-        task = bare if not ready else case
-        if ready:
+        task = {"": bare, "least": least}.get(ready, case)
+        if ready.isdigit():
             os.environ[READY_ENV] = ready
         for _ in range(10):  # warm: the snapshot, the spawner, the cleaner, ready guests
             task()
@@ -140,7 +224,7 @@ def main() -> None:
         )
     base = figures["bare subprocess.run"]
     for label, total in figures.items():
-        if label.startswith("run_code"):
+        if label != "bare subprocess.run":
             print(f"ratio {label} / bare: {total / base:.2f} (+{total - base:.3f} ms)")
     print("lines of Python run per case: " + "; ".join(f"{k} {v:.0f}" for k, v in lines.items()))
     sys.stdout.flush()

@@ -113,26 +113,27 @@ def test_bench_teardown_prints_each_teardown_with_both_sides_and_their_ratio(
 
 
 def test_bench_host_cpu_prints_each_side_and_the_ratios_to_the_bare_spawn() -> None:
-    """bench_host_cpu.py: run_code (ready guests off and on) and the bare spawn, each with
-    the worker's and the helpers' CPU and switches, and each ratio to the bare spawn (its
-    figures are not judged: they are one noisy run's)."""
+    """bench_host_cpu.py: run_code (ready guests off and on), the least case in plain Python
+    and the bare spawn, each with the worker's and the helpers' CPU and switches, and each
+    ratio to the bare spawn (its figures are not judged: they are one noisy run's)."""
     done = bench("bench_host_cpu.py", "--cases", "4", standin=False)
     lines = done.stdout.splitlines()
-    table = {line[:32].strip(): line[32:].split() for line in lines[2:5]}
+    table = {line[:32].strip(): line[32:].split() for line in lines[2:6]}
     assert list(table) == [
         "run_code, ready guests off",
         "run_code, ready guests on",
+        "least case in plain Python",
         "bare subprocess.run",
     ]
     totals = {label: float(row[4]) for label, row in table.items()}
     for row in table.values():
         assert float(row[4]) == pytest.approx(float(row[0]) + float(row[2]), abs=0.002)
-    ratios = [line for line in lines[5:] if line.startswith("ratio ")]
-    assert len(ratios) == 2
-    for line, label in zip(ratios, list(table)[:2], strict=True):
+    ratios = [line for line in lines[6:] if line.startswith("ratio ")]
+    assert len(ratios) == 3
+    for line, label in zip(ratios, list(table)[:3], strict=True):
         ratio = float(line.split(": ")[1].split()[0])
         assert ratio == pytest.approx(totals[label] / totals["bare subprocess.run"], rel=0.02)
-    # and the Python each runs per case, traced: a count of each of the three
+    # and the Python each runs per case, traced: a count of each of the four
     counted = lines[-1].removeprefix("lines of Python run per case: ")
     assert counted != lines[-1]
     figures = dict(part.rsplit(" ", 1) for part in counted.split("; "))
