@@ -182,6 +182,7 @@ class _Popened:
         # Every case passes here: the direct way's steps are written out, not looped.
         ours: list[int] = []  # the ends kept here
         theirs: list[int] = []  # the child's, closed once it has them
+        to_stdin: int | None = None
         try:
             if stdin:
                 child_stdin, to_stdin = os.pipe2(os.O_CLOEXEC)
@@ -232,7 +233,7 @@ class _Popened:
         finally:
             close(theirs)
         self.stdout, self.stderr = stdout, stderr
-        self.stdin: int | None = ours[0] if stdin else None
+        self.stdin = to_stdin
         self.error = ""
         self.error_number = 0
         self.lost = False
@@ -241,8 +242,8 @@ class _Popened:
         self.exit_fd = -1  # none yet
         try:
             carry_lines(stderr)
-            if stdin:
-                carry_lines(ours[0])
+            if to_stdin is not None:
+                carry_lines(to_stdin)
             self.exit_fd = self._exit_descriptor()
         except BaseException:
             self.stop()  # a hluk started, whose exit cannot be watched: ended at once
