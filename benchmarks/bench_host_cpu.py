@@ -202,14 +202,14 @@ def main() -> None:
     print(f"{args.cases} trivial cases each, stand-in hluk; CPU ms and context switches per case")
     print(f"{'':32} {'worker':>8} {'switches':>8} {'helpers':>8} {'switches':>8} {'total':>7}")
     figures, lines = {}, {}
-    for label, ready in [
-        ("run_code, ready guests off", "0"),
-        ("run_code, ready guests on", "2"),
-        ("least case in plain Python", "least"),
-        ("bare subprocess.run", ""),
-    ]:
-        task = {"": bare, "least": least}.get(ready, case)
-        if ready.isdigit():
+    sides: list[tuple[str, Callable[[], None], str | None]] = [
+        ("run_code, ready guests off", case, "0"),
+        ("run_code, ready guests on", case, "2"),
+        ("least case in plain Python", least, None),
+        ("bare subprocess.run", bare, None),
+    ]
+    for label, task, ready in sides:
+        if ready is not None:
             os.environ[READY_ENV] = ready
         for _ in range(10):  # warm: the snapshot, the spawner, the cleaner, ready guests
             task()
