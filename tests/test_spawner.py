@@ -131,6 +131,8 @@ def test_a_spawner_killed_before_the_solution_started_is_retried_on_another(
     assert [result(answer)[:4] for answer in answers] == [("Success", "Finished", 0, "5\n")]
     assert_the_next_case_starts_another_spawner(first)
     assert any("spawner" in record.getMessage() for record in caplog.records)
+    # The guard exits as the spawner did, killed by SIGKILL, and the log says so.
+    assert wait_for(lambda: any("(status -9)" in r.getMessage() for r in caplog.records))
 
 
 def sleeping_case(

@@ -230,7 +230,8 @@ def guard(worker: int) -> int:
     _, wait_status = os.waitpid(spawner, 0)
     code = os.waitstatus_to_exitcode(wait_status)
     if code < 0:  # killed by a signal: the guard's status says the same
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # neither can be given an action
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(me, -code)
         code = 128 - code  # a signal whose default is not to end a process, as a shell says
     os._exit(code)
