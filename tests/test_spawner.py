@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hostside import (
@@ -33,7 +34,7 @@ from hostside import (
 
 from verl_hyperlight import settings as _settings
 from verl_hyperlight.case import gate as _gate
-from verl_hyperlight.errors import CauseCounts
+from verl_hyperlight.errors import BackendError, CauseCounts
 from verl_hyperlight.hluk import binary as _binary
 from verl_hyperlight.hluk import console as _console
 from verl_hyperlight.hluk import ending as _ending
@@ -98,9 +99,15 @@ def test_hluk_is_started_by_the_spawner_not_by_the_worker(host: Host, fresh: Non
 
 
 def assert_the_next_case_starts_another_spawner(dead: int) -> None:
-    # Once the thread that owns the dead spawner has seen it die (a case that finds it gone
-    # before that takes the next way, setpriv or fork, and leaves the slot as it is).
-    assert wait_for(lambda: spawner_pid() != dead or not _spawners._spawners[0].alive)
+    # Once the dead spawner is known dead: to the thread that owns it, or to a case that lost
+    # its run with it or found its socket ended (which retires it).
+    assert wait_for(
+        lambda: (
+            spawner_pid() != dead
+            or not _spawners._spawners[0].alive
+            or _spawners._spawners[0].retired
+        )
+    )
     assert result(run("print(1)"))[3] == "1\n"
     assert spawner_pid() != dead and _spawners._spawners[0].alive
 
@@ -133,6 +140,68 @@ def test_a_spawner_killed_before_the_solution_started_is_retried_on_another(
     assert any("spawner" in record.getMessage() for record in caplog.records)
     # The guard exits as the spawner did, killed by SIGKILL, and the log says so.
     assert wait_for(lambda: any("(status -9)" in r.getMessage() for r in caplog.records))
+
+
+@contextlib.contextmanager
+def stopped_guard_of_spawner() -> Iterator[int]:
+    """The spawner's guard, stopped (SIGSTOP) for the test: it cannot reap a dead spawner nor
+    exit, so the thread that owns the spawner does not learn of its death; continued after."""
+    guard = guard_pid()
+    os.kill(guard, signal.SIGSTOP)
+    try:
+        yield guard
+    finally:
+        os.kill(guard, signal.SIGCONT)
+
+
+def killing_the_spawner(monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
+    """Have the next `times` hluk runs of binary.py (--version) lose their spawner, killed
+    (SIGKILL) as soon as the run has been asked of it; the spawners killed, in order."""
+    real = _binary.run
+    killed: list[int] = []
+
+    def run_losing_its_spawner(*args: Any, **options: Any) -> Any:
+        if len(killed) < times:
+
+            def kill() -> None:
+                killed.append(spawner_pid())
+                os.kill(killed[-1], signal.SIGKILL)
+
+            options["meanwhile"] = kill
+        return real(*args, **options)
+
+    monkeypatch.setattr(_binary, "run", run_losing_its_spawner)
+    return killed
+
+
+def test_a_version_check_lost_with_its_spawner_asks_another_spawner_at_once(
+    host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A case retried after its spawner died checks hluk's version first (its gate probes): CI
+    # saw that check lost too, sent to the dead spawner before the thread that owns it had seen
+    # its guard exit, and read as a broken hluk (the case SandboxError). The guard is stopped
+    # here so that the owning thread cannot learn of the death at all: the lost run must tell.
+    run("pass")
+    path = _binary.hluk_path()
+    version = _binary.check_version(path)
+    with stopped_guard_of_spawner():
+        killed = killing_the_spawner(monkeypatch, times=1)
+        assert _binary.check_version(path) == version
+        # Asked again of a new spawner, not of the dead one nor through the next way.
+        assert len(killed) == 1 and spawner_pid() != killed[0]
+        assert _spawners._spawners[0].alive and not _spawners._spawners[0].retired
+    assert result(run("print(3)"))[3] == "3\n"
+
+
+def test_a_version_check_lost_twice_says_the_spawner_died_not_that_hluk_is_broken(
+    host: Host, fresh: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run("pass")
+    killing_the_spawner(monkeypatch, times=2)
+    with pytest.raises(BackendError) as raised:
+        _binary.check_version(_binary.hluk_path())
+    assert raised.value.cause == "spawner-died", raised.value
+    assert "--version" not in str(raised.value)
 
 
 def sleeping_case(

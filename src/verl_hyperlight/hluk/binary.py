@@ -75,9 +75,13 @@ def parse_version(text: str) -> tuple[tuple[int, ...], str] | None:
 def check_version(path: str) -> str:
     """Run `hluk --version` and refuse a hluk older than 0.19.0; returns the version."""
     done = run_to_exit([path, "--version"], VERSION_TIMEOUT_SECONDS)
+    if done.ending is Ending.SPAWNER_DIED:
+        # Lost with the spawner that started it: no answer of hluk's. Asked once more, of
+        # another spawner (the dead one is handed out no more), as a case's run is retried.
+        done = run_to_exit([path, "--version"], VERSION_TIMEOUT_SECONDS)
     if done.ending is Ending.STARTUP_TIMEOUT:
         raise diagnosis.version_unanswered(path, VERSION_TIMEOUT_SECONDS)
-    if done.ending is Ending.KILLED:
+    if done.ending in (Ending.KILLED, Ending.SPAWNER_DIED):
         raise diagnosis.failure(done, path)
     text = done.preamble.decode(errors="replace").strip()
     version = parse_version(text)

@@ -3,7 +3,9 @@ cases in turn, each asked to start a hluk with posix_spawn and to say when it ha
 process with few hluks running at once uses one (see `in_use`): a Ray worker, which runs one
 case at a time, keeps one spawner, not SPAWNERS.
 
-A spawner that dies is started again by the next case. One that cannot start (a passing EAGAIN
+A spawner that dies is started again by the next case: one whose death a case saw (its hluk
+run lost, its socket ended) is handed out no more from that moment (`_Spawner.retire`), not
+from when the thread that owns it learns of it. One that cannot start (a passing EAGAIN
 of pids.max, ENOMEM, a slow start, no descriptor free, or no usable Python at sys.executable)
 leaves the process on the next way of starting hluk (``spawn``), said once, and is tried again
 in the background after a back-off, its recovery said once too (``_Starts``).
@@ -117,6 +119,7 @@ class _Spawned:
         if self._ended and self.returncode is None and not self.error and not self.lost:
             # The spawner died without a word of this hluk, which outlives it: killed here.
             self.lost = True
+            self.spawner.retire()
             if self.pid:
                 try:
                     os.killpg(self.pid, signal.SIGKILL)
@@ -197,6 +200,7 @@ class _Spawner:
         self.process: subprocess.Popen[bytes] | None = None
         self.pid = 0
         self.alive = True
+        self.retired = False  # see retire
         # Set once its start is decided: an end before that is a start that failed (said by
         # the caller), never a death of a spawner that had started.
         self._decided = threading.Event()
@@ -255,6 +259,19 @@ class _Spawner:
             pid = self.pid or self.process.pid
             logger.error("verl-hyperlight: %s", diagnosis.spawner_died(pid, status))
 
+    def retire(self) -> None:
+        """Hand this spawner out no more: a run it took was lost without a word, or its socket
+        has ended. That is its death, seen by a case before the thread that owns it sees its
+        guard exit: meanwhile its socket may still take a request (the kernel is closing the
+        dead spawner's descriptors one by one), which would be lost too, a retry's included.
+        Its socket is shut as well, so that a spawner alive after all (a request it dropped)
+        ends, with the hluk it started, rather than idle on unused."""
+        self.retired = True
+        try:
+            self.socket.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # its peer has gone
+
     def spawn(self, argv: list[str], cwd: str | None, env: dict[str, str], stdin: bool) -> _Spawned:
         """Ask for hluk to be started (with a pipe to its stdin if `stdin`); its pid (or why it
         could not start) comes through the status pipe. SpawnerGone if the spawner has died."""
@@ -287,6 +304,7 @@ class _Spawner:
         except OSError as exc:
             close(kept)
             if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                self.retire()
                 raise SpawnerGone from None
             raise
         finally:
@@ -410,11 +428,11 @@ def current(fallback: Callable[[], str]) -> _Spawner | None:
     can start (see _Starts; `fallback` says how hluk is started meanwhile)."""
     slot = next(_turn) % in_use()
     spawner = _spawners.get(slot)
-    if spawner is not None and spawner.alive:
+    if spawner is not None and spawner.alive and not spawner.retired:
         return spawner
     with _lock:
         spawner = _spawners.get(slot)
-        if spawner is not None and spawner.alive:
+        if spawner is not None and spawner.alive and not spawner.retired:
             return spawner
         if _starts.state is _StartState.STARTING:
             try:
