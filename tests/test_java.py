@@ -73,7 +73,15 @@ pytestmark = [
 Check = Callable[[dict[str, Any]], None]
 
 
+# javac is a JVM: its start alone has taken past Sandbox Fusion's default compile_timeout (10 s)
+# on a loaded CI node (a case answered compile TimeLimitExceeded). These tests are of answers,
+# not of the compile's deadline (tests/test_compiled.py's are), so they give it 30 s, as
+# tests/test_nodejs.py does for tsc.
+COMPILE_TIMEOUT = 30.0
+
+
 def run(code: str, stdin: str | None = None, run_timeout: float = 10, **options: Any) -> Any:
+    options.setdefault("compile_timeout", COMPILE_TIMEOUT)
     return hostside.run(code, stdin, run_timeout, language="java", **options)
 
 
