@@ -457,3 +457,52 @@ class Usage:
             self.children - other.children,
             self.case_dirs - other.case_dirs,
         )
+
+
+class WaitingCase:
+    """run_code of `code` in a thread of its own, with `cancel` (run_timeout 60 s, `options`
+    as run_code takes them); its thread's native id is known once it has begun, its response
+    once it has ended, and how often that thread woke over a stretch is read from the kernel
+    (its voluntary context switches)."""
+
+    def __init__(self, code: str, cancel: threading.Event, **options: object) -> None:
+        self.cancel = cancel
+        self.native_id = 0
+        self.answers: list[tuple[object, object]] = []
+        self.thread = threading.Thread(target=self._run, args=(code, options))
+        self.thread.start()
+        assert wait_for(lambda: self.native_id)
+
+    def _run(self, code: str, options: dict[str, object]) -> None:
+        self.native_id = threading.get_native_id()
+        compile_timeout = options.pop("compile_timeout", None)
+        answer = _api.run_code(
+            URL,
+            code,
+            None,
+            compile_timeout,
+            60,
+            None,
+            cancel=self.cancel,
+            **options,  # type: ignore[arg-type]
+        )
+        self.answers.append(answer)
+
+    def wake_ups(self, seconds: float) -> int:
+        """How many times the case's thread woke (went back to sleep) over `seconds`."""
+        before = self._switches()
+        time.sleep(seconds)
+        return self._switches() - before
+
+    def _switches(self) -> int:
+        status = Path(f"/proc/self/task/{self.native_id}/status").read_text()
+        return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+    def cancelled(self) -> str:
+        """Set the cancel; the message of the case's answer (which must be SandboxError)."""
+        self.cancel.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+        [(response, error)] = self.answers
+        assert error is None and isinstance(response, dict)
+        return sandbox_error(response)

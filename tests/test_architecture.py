@@ -15,7 +15,7 @@ DOCUMENT = ROOT / "ARCHITECTURE.md"
 # The rooms, bottom to top, as ARCHITECTURE.md draws them. A module may import modules of its
 # own room, of a room on a lower level, and (in the foundation) the foundation modules listed
 # before it.
-FOUNDATION = ("errors", "node", "settings", "deadlines", "outcome", "diagnosis")
+FOUNDATION = ("cancel", "errors", "node", "settings", "deadlines", "outcome", "diagnosis")
 LEVELS: tuple[tuple[str, ...], ...] = (
     ("guest",),
     FOUNDATION,

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostside import Host, result
+from hostside import Host, WaitingCase, result, wait_for
 from serving import Served
 
+from verl_hyperlight import cancel as cancels
 from verl_hyperlight import settings
 from verl_hyperlight.case import api, compiled
 from verl_hyperlight.case import failures as _failures
@@ -356,13 +357,20 @@ def test_a_compile_past_its_timeout_is_killed_whole_and_answered_as_the_service_
     assert wait_gone("cc1plus")
 
 
-def test_a_cancelled_compile_is_killed_and_answered_cancelled(compiles: Host) -> None:
-    cancel = threading.Event()
-    threading.Timer(1.0, cancel.set).start()
-    started = time.monotonic()
-    response = run(NEVER_COMPILES, "cpp", compile_timeout=60, cancel=cancel)
-    assert time.monotonic() - started < 15
-    assert response["status"] == "SandboxError" and "cancelled" in response["message"]
+@pytest.mark.parametrize("kind", ["Cancel", "plain Event"])
+def test_a_cancelled_compile_is_killed_and_answered_cancelled(compiles: Host, kind: str) -> None:
+    # Its wait sleeps until the compile ends, its deadline or its cancel: a Cancel wakes it,
+    # a plain Event is looked at every cancel.POLL_SECONDS (tests/test_cancel.py).
+    cancel = cancels.Cancel() if kind == "Cancel" else threading.Event()
+    case = WaitingCase(NEVER_COMPILES, cancel, language="cpp", compile_timeout=60)
+    assert wait_for(lambda: running("cc1plus"), limit=30)  # it compiles
+    woke = case.wake_ups(2.0)
+    print(f"\n{kind}: the compiling case's thread woke {woke} times in 2 s")
+    if kind == "Cancel":
+        assert woke <= 2
+    else:
+        assert woke >= 2.0 / cancels.POLL_SECONDS / 2
+    assert "cancelled" in case.cancelled()
     assert wait_gone("cc1plus")
 
 
@@ -370,10 +378,15 @@ def wait_gone(name: str, limit: float = 10) -> bool:
     """Whether no process of this test's named `name` is left within `limit` seconds."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        if not [pid for pid in descendants(os.getpid()) if comm(pid) == name]:
+        if not running(name):
             return True
         time.sleep(0.1)
     return False
+
+
+def running(name: str) -> list[int]:
+    """This test's processes named `name`."""
+    return [pid for pid in descendants(os.getpid()) if comm(pid) == name]
 
 
 def descendants(pid: int) -> set[int]:

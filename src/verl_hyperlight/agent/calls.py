@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .. import cancel as cancels
 from .. import diagnosis, node
 from ..case import cluster
 from ..case.api import run_code
@@ -482,7 +483,7 @@ class CodeRunner:
             if done is not None:
                 done()
 
-        cancel = threading.Event()
+        cancel = cancels.Cancel()
         try:
             job = self.executor.submit(self._run, call, cancel, notebook)
         except RuntimeError:  # the runner is closed

@@ -15,6 +15,7 @@ import secrets
 import threading
 from typing import Any
 
+from .. import cancel as cancels
 from .. import deadlines, diagnosis
 from ..case import api, cluster, gate
 from ..case.guests import Guest, guest_for, notebook_code
@@ -123,7 +124,7 @@ class NotebookHost:
 
     def __init__(self, url: str, memory_limit_mb: int | None) -> None:
         self.notebook = Notebook(url, memory_limit_mb)
-        self.cancel = threading.Event()  # the running call's, set by cancel_call
+        self.cancel = cancels.Cancel()  # the running call's, set by cancel_call
 
     def run(self, code: str, run_timeout: float) -> tuple[Response | None, str | None, bool, int]:
         self.cancel.clear()

@@ -276,7 +276,9 @@ def run_code(
     As the service's request does, `files` maps paths to base64 content written (in the
     micro-VM only) relative to the solution's directory before it starts, and `fetch_files`
     names files returned base64 in the response's ``files`` once it has ended. Setting
-    `cancel` stops the case: its micro-VM is killed and it is answered SandboxError.
+    `cancel` stops the case: its micro-VM is killed and it is answered SandboxError (a
+    ``verl_hyperlight.cancel.Cancel`` wakes the case's waits when set; a plain Event is looked
+    at every 0.2 s).
     `language` "pytest" runs `code` as a test file under `pytest FILE` (with the `pytest`
     extra installed); "cpp", "go" and "rust" compile it on the host first (within
     `compile_timeout`, Python having no compile step); languages other than these are answered

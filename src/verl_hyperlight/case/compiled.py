@@ -26,7 +26,9 @@ import functools
 import hashlib
 import io
 import logging
+import math
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -38,6 +40,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from .. import cancel as cancels
 from .. import diagnosis, settings
 from ..errors import BackendError, Refused
 from . import casedir
@@ -97,8 +100,9 @@ COMPILER_OUTPUT_LIMIT = 1024 * 1024
 FILE_SIZE_LIMIT = 512 * 1024 * 1024
 # Where the build's directory is, inside the sandbox.
 BUILD = "/build"
-# How often a compile's wait looks at its case's cancel.
-CANCEL_POLL_SECONDS = 0.05
+# How often a compile's wait looks for its exit where it cannot be woken by it (no pidfd:
+# Linux before 5.3, or no descriptor free).
+EXIT_POLL_SECONDS = 0.05
 # The size of the sandbox's /tmp (a tmpfs, in the node's memory), where bubblewrap can set it.
 TMP_SIZE = 1024 * 1024 * 1024
 # What the sandbox's processes find on PATH and in their environment.
@@ -317,19 +321,35 @@ def _wait(
     process: subprocess.Popen[bytes], deadline: float, cancel: threading.Event | None
 ) -> int | None:
     """The compile's status, or None once `deadline` has passed (the compile killed); Refused
-    when `cancel` is set first (killed too)."""
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            return process.wait(timeout=max(0.0, min(left, CANCEL_POLL_SECONDS)))
-        except subprocess.TimeoutExpired:
-            pass
-        if cancel is not None and cancel.is_set():
-            _kill(process)
-            raise Refused(CASE_CANCELLED)
-        if left <= CANCEL_POLL_SECONDS:
-            _kill(process)
-            return None
+    when `cancel` is set first (killed too). Asleep until one of the three: the compile's exit
+    wakes it (its pidfd), and so does the cancel (cancel.wake_descriptor)."""
+    try:
+        exit_fd = os.pidfd_open(process.pid)  # not reaped before its status is read below
+    except OSError:
+        exit_fd = -1
+    try:
+        with cancels.wake_descriptor(cancel) as woken:
+            poller = select.poll()
+            for fd in (exit_fd, woken):
+                if fd >= 0:
+                    poller.register(fd, select.POLLIN)
+            while True:
+                status = process.poll()
+                if status is not None:
+                    return status
+                if cancel is not None and cancel.is_set():
+                    _kill(process)
+                    raise Refused(CASE_CANCELLED)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    _kill(process)
+                    return None
+                sleep = left if exit_fd >= 0 else min(left, EXIT_POLL_SECONDS)
+                sleep = cancels.longest_sleep(cancel, woken >= 0, sleep)
+                poller.poll(math.ceil(sleep * 1000))
+    finally:
+        if exit_fd >= 0:
+            os.close(exit_fd)
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from .. import cancel as cancels
 from .. import deadlines, diagnosis
 from ..deadlines import Deadlines
 from ..errors import (
@@ -33,7 +34,6 @@ from ..errors import (
     Refused,
     worth_logging,
 )
-from ..hluk import watch
 from ..hluk.binary import identity
 from ..outcome import RawOutcome, Verdict
 from . import snapshots
@@ -83,7 +83,7 @@ class _Probe:
 
     def __init__(self) -> None:
         self.waiting = 0  # threads waiting for it (under the gate's lock)
-        self.cancel = threading.Event()
+        self.cancel = cancels.Cancel()
         self.ended = False
         self.warmth: Warmth | None = None
         self.failure: BaseException | None = None
@@ -227,19 +227,25 @@ class Gate:
             return probe.warmth
 
     def _wait_for(self, probe: _Probe, cancel: threading.Event | None) -> None:
-        """Wait until `probe` has ended; Cancelled as soon as `cancel` is set (it is looked at
-        as often as a hluk run looks at it). The last thread to stop waiting for a probe that
-        runs on cancels it."""
-        with self._lock:
+        """Wait until `probe` has ended; Cancelled as soon as `cancel` is set (which wakes the
+        wait). The last thread to stop waiting for a probe that runs on cancels it."""
+        with cancels.on_set(cancel, self._wake_waiters) as woken, self._lock:
             try:
                 while not probe.ended:
                     if cancel is not None and cancel.is_set():
-                        raise Cancelled(f"cancelled while {self.guest.image.label} was probed")
-                    self._probed.wait(None if cancel is None else watch.CANCEL_POLL_SECONDS)
+                        label = self.guest.image.label
+                        raise Cancelled(f"cancelled while {label} was probed")
+                    self._probed.wait(cancels.longest_sleep(cancel, woken, None))
             finally:
                 probe.waiting -= 1
                 if probe.waiting == 0 and not probe.ended:
                     probe.cancel.set()
+
+    def _wake_waiters(self) -> None:
+        """A waiting case's cancel was set: the waits look at their cancels (under the lock,
+        so that none is between its look and its sleep)."""
+        with self._lock:
+            self._probed.notify_all()
 
     def _admit(self, now: float, cache: tuple[object, ...] | None) -> _Step:
         """The one place that decides what an arriving case or check does (under the lock).

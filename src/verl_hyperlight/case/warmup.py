@@ -20,6 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from .. import cancel as cancels
 from .. import deadlines, diagnosis, settings
 from ..deadlines import Deadlines
 from ..errors import Cancelled
@@ -71,10 +72,11 @@ def _lock() -> FileLock | _Unlocked:
 
 def _acquire(lock: FileLock | _Unlocked, cancel: threading.Event) -> None:
     """Take the node's warm-up lock, which another process's probe may hold for as long as a
-    warm-up takes; Cancelled once `cancel` is set."""
+    warm-up takes; Cancelled once `cancel` is set. filelock's wait polls the lock (flock has no
+    wait that a cancel could end), so the cancel is looked at as often as a plain Event's."""
     while True:
         try:
-            lock.acquire(timeout=watch.CANCEL_POLL_SECONDS)
+            lock.acquire(timeout=cancels.POLL_SECONDS)
             return
         except Timeout:
             if cancel.is_set():

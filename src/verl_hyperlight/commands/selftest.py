@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from .. import cancel as cancels
 from .. import diagnosis, node
 from ..agent.notebook import Notebook, RemoteNotebook
 from ..case.api import run_code
@@ -354,7 +355,7 @@ def _run_corpus(
     those of the programs whose runs had all ended before it (the others' cases cancelled,
     or never started)."""
     runs: dict[str, list[Future[Shape | str]]] = {}
-    cancel = threading.Event()
+    cancel = cancels.Cancel()
     pool = ThreadPoolExecutor(jobs)
     ended: set[str] | None = None  # when interrupted: the programs whose runs had ended
     try:

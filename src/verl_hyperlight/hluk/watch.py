@@ -5,9 +5,9 @@ runner's frames (``guest/protocol.py``; ``console`` decodes them), decoding the 
 comes, so a case holds its output once; its stderr carries hluk's own messages, of which the end
 is kept. One deadline holds at a time, the phase's (start-up, the solution's run, the copy-out
 of its output), and a watch ends once the runner's report is whole, a deadline passes, or the
-caller cancels. How the run ended is decided once, in ``_decide``, from what hluk and the runner
-said; whose that ending is, in ``outcome``; what a backend failure means and how to fix it, in
-``diagnosis``.
+caller cancels (a ``cancel.Cancel`` wakes the watch when set). How the run ended is decided
+once, in ``_decide``, from what hluk and the runner said; whose that ending is, in
+``outcome``; what a backend failure means and how to fix it, in ``diagnosis``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from .. import cancel as cancels
 from .. import diagnosis
 from ..deadlines import Deadlines
 from ..guest import protocol
@@ -32,9 +33,6 @@ from .console import READ_SIZE, Console
 CONSOLE_LIMIT = 2 * (protocol.OUTPUT_LIMIT * 4 // 3) + (1 << 20)
 # Of hluk's stderr, the end is kept: its decisive `error:` line comes last.
 HLUK_STDERR_LIMIT = 64 * 1024
-# How often a case's `cancel` is looked at.
-CANCEL_POLL_SECONDS = 0.2
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # What hluk logs of the snapshot at --log-level info: restored from it, or taken.
 _RESTORED = re.compile(r"\brestored=(true|false)\b")
@@ -212,7 +210,7 @@ class _Pipes:
     the guest reads, 4 KiB at a time), so that no pipe needs to hold a request whole."""
 
     # made per case
-    __slots__ = ("console", "exited", "poller", "proc", "reading", "stderr", "unwritten")
+    __slots__ = ("console", "exited", "poller", "proc", "reading", "stderr", "unwritten", "woken")
 
     def __init__(
         self, proc: spawn.Process, console: Console, stderr: Tail, request: bytes = b""
@@ -228,6 +226,7 @@ class _Pipes:
         for fd in self.reading:
             self.poller.register(fd, select.POLLIN)
         self.poller.register(proc.exit_fd, proc.exit_events)
+        self.woken = -1  # readable once the case's cancel is set (cancel.wake_descriptor)
         self.unwritten = memoryview(request) if request else _NOTHING
         if request:
             assert proc.stdin is not None
@@ -250,6 +249,8 @@ class _Pipes:
             if fd == self.proc.stdin:
                 self._write(fd)
                 continue
+            if fd == self.woken:
+                continue  # the case's cancel, set: the watch looks at it next
             if fd == self.proc.stdout:
                 ended = not self.console.read(fd)
             elif chunk := os.read(fd, READ_SIZE):
@@ -361,6 +362,23 @@ def watch(
 
 def _read_until_over(pipes: _Pipes, clock: _Clock, cancel: threading.Event | None) -> Ending | None:
     """Read hluk's pipes until the watch is over; why it stops hluk, if it does."""
+    if cancel is None:  # most cases (verl's): nothing to wake the watch but hluk
+        return _read_until_stopped(pipes, clock, None, False)
+    with cancels.wake_descriptor(cancel) as woken:
+        if woken >= 0:
+            pipes.woken = woken
+            pipes.poller.register(woken, select.POLLIN)
+        try:
+            return _read_until_stopped(pipes, clock, cancel, woken >= 0)
+        finally:
+            if woken >= 0:
+                pipes.poller.unregister(woken)  # before its number is another's
+
+
+def _read_until_stopped(
+    pipes: _Pipes, clock: _Clock, cancel: threading.Event | None, woken: bool
+) -> Ending | None:
+    """_read_until_over's loop; `woken`: whether setting `cancel` wakes its poll."""
     console = pipes.console
     while pipes.reading or not pipes.exited:
         now = time.monotonic()
@@ -373,9 +391,7 @@ def _read_until_over(pipes: _Pipes, clock: _Clock, cancel: threading.Event | Non
             return Ending.STARTUP_TIMEOUT
         if cancel is not None and cancel.is_set():
             return Ending.CANCELLED
-        wait = min(clock.at, clock.stall_at) - now
-        if cancel is not None:
-            wait = min(wait, CANCEL_POLL_SECONDS)
+        wait = cancels.longest_sleep(cancel, woken, min(clock.at, clock.stall_at) - now)
         output = pipes.read(wait)
         clock.follow(time.monotonic(), pipes, output)
         if console.done:

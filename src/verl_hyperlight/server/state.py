@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from .. import cancel as cancels
 from .. import deadlines, diagnosis
 from ..case import api, cluster, compiled, gate
 from ..case.guests import guest_for
@@ -199,7 +200,7 @@ class Server:
         # "warming", then "warm", "nothing to warm" (no Go here), "failed" (logged why) or
         # "stopped" (the server stopped first).
         self.compiles = "not started"
-        self.compiles_cancel = threading.Event()  # set when the server stops
+        self.compiles_cancel = cancels.Cancel()  # set when the server stops
         self.compiles_thread: threading.Thread | None = None
         self.check: asyncio.Future[None] | None = None
         self.pod_name = POD_NAME.value()
@@ -360,7 +361,7 @@ class Server:
     ) -> tuple[dict[str, Any] | None, str | None, bool]:
         """Run the case in a worker thread; cancel it if the client goes away or the handler is
         cancelled. run_code's answer, and whether the case was cancelled."""
-        cancel = threading.Event()
+        cancel = cancels.Cancel()
         call = functools.partial(
             api.run_code,
             self.settings.url,
