@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -372,31 +373,58 @@ def marked_with(marker: bytes) -> set[int]:
 
 @dataclass(frozen=True)
 class Holdings:
-    """What the worker holds that cases could leak."""
+    """What the worker holds that cases could leak. In this process (run_code's soak), its
+    threads are also counted by kind (`thread_kinds`): a test suite runs the soak in a process
+    where an earlier test's thread may end meanwhile, which a bare count takes for one fewer
+    (CI saw -1), and would let hide a thread of the soak's left running."""
 
     processes: frozenset[int]
     threads: int
     fds: int
     case_dirs: int
+    thread_kinds: Counter[str] = field(default_factory=Counter)
 
     @classmethod
     def of(cls, pid: int, tmpdir: Path, marker: bytes) -> Holdings:
         processes = (descendants_of(pid) | marked_with(marker)) - {pid, os.getpid()}
+        kinds: Counter[str] = Counter()
+        if pid == os.getpid():
+            kinds.update(thread_kind(thread.name) for thread in threading.enumerate())
         return cls(
             frozenset(processes),
             status_kb(pid, "Threads"),
             len(os.listdir(f"/proc/{pid}/fd")),
             len(list(tmpdir.glob("verl-hyperlight-*"))),
+            kinds,
         )
 
     def left_since(self, before: Holdings) -> tuple[int, int, int, int]:
-        """Processes, threads, descriptors and case directories held now and not before."""
+        """Processes, threads, descriptors and case directories held now and not before:
+        threads of each kind more than before, where they are known by kind."""
+        threads = self.threads - before.threads
+        if self.thread_kinds and before.thread_kinds:
+            grown = self.thread_kinds - before.thread_kinds  # the kinds that grew, by how much
+            threads = sum(grown.values())
         return (
             len(self.processes - before.processes),
-            self.threads - before.threads,
+            threads,
             self.fds - before.fds,
             self.case_dirs - before.case_dirs,
         )
+
+    def threads_changed(self, before: Holdings) -> str:
+        """The kinds of thread held more or fewer than before (for a report)."""
+        more = self.thread_kinds - before.thread_kinds
+        fewer = before.thread_kinds - self.thread_kinds
+        return ", ".join(
+            [f"+{n} {kind}" for kind, n in sorted(more.items())]
+            + [f"-{n} {kind}" for kind, n in sorted(fewer.items())]
+        )
+
+
+def thread_kind(name: str) -> str:
+    """A thread's name less its number ("Thread-12 (run)", "ThreadPoolExecutor-3_0")."""
+    return re.sub(r"-\d.*$", "", name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -599,6 +627,7 @@ class Report:
     faults: Counter[str] = field(default_factory=Counter)
     probe_faults: int = 0
     leaked: tuple[int, int, int, int] = (0, 0, 0, 0)  # processes, threads, fds, case dirs
+    threads_changed: str = ""  # the kinds of thread held more or fewer after (in-process)
     peak_growth_mib: float = 0.0
     seconds: float = 0.0
     examples: list[str] = field(default_factory=list)
@@ -716,7 +745,9 @@ def soak(
         report.peak_growth_mib = (status_kb(worker.pid, "VmHWM") - base_rss) / 1024
         worker.disconnect()
         worker.end_ready_guests()
-        report.leaked = settle(holdings, before).left_since(before)
+        after = settle(holdings, before)
+        report.leaked = after.left_since(before)
+        report.threads_changed = after.threads_changed(before)
         report.gate_openings = worker.logged()[log_start:].count(GATE_OPENED)
     finally:
         worker.stop()

@@ -48,7 +48,7 @@ def test_a_short_soak_answers_every_case_rightly_or_sandbox_error_and_leaks_noth
         0,
         0,
     ), report.examples
-    assert report.leaked == (0, 0, 0, 0)
+    assert report.leaked == (0, 0, 0, 0), report.threads_changed
     # Faults were injected (all 50 cases unfaulted: a chance of 1 in 1,000), and one-off faults
     # failed no case but their own: most were answered right. Except that at these rates (12%
     # of runs fail to start) three failures in a row come by chance now and then (CI saw it):
@@ -129,3 +129,18 @@ def test_a_soak_with_ready_guests_on_the_default_path_answers_every_case_and_lea
     assert sum(report.faults.values()) > 0, report.errors
     assert report.gate_openings <= 1, report.errors
     assert report.judged["right"] + report.answered_at_once > 80 // 2, report.errors
+
+
+def test_a_thread_left_by_the_soak_counts_though_another_of_another_kind_ended() -> None:
+    # In a test process an earlier test's thread may end during the soak (CI saw a count of
+    # -1): threads are counted by kind there, so neither hides the other.
+    kinds = soak.Counter
+    before = soak.Holdings(frozenset(), 3, 10, 0, kinds(["MainThread", "verl-hyperlight-ender"]))
+    ended = soak.Holdings(frozenset(), 2, 10, 0, kinds(["MainThread"]))
+    swapped = soak.Holdings(frozenset(), 3, 10, 0, kinds(["MainThread", "Thread"]))
+    assert ended.left_since(before) == (0, 0, 0, 0)
+    assert swapped.left_since(before) == (0, 1, 0, 0)
+    assert swapped.threads_changed(before) == "+1 Thread, -1 verl-hyperlight-ender"
+    assert soak.thread_kind("Thread-12 (run)") == "Thread"
+    assert soak.thread_kind("ThreadPoolExecutor-3_0") == "ThreadPoolExecutor"
+    assert soak.thread_kind("verl-hyperlight-probe-python") == "verl-hyperlight-probe-python"
