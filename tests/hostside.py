@@ -29,6 +29,7 @@ from verl_hyperlight.case import failures as _failures
 from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.errors import CauseCounts
 from verl_hyperlight.guest.protocol import OUTPUT_LIMIT, OUTPUT_LIMIT_STATUS
+from verl_hyperlight.hluk import console as _console
 from verl_hyperlight.hluk import ending as _ending
 from verl_hyperlight.hluk import spawners as _spawners
 
@@ -506,3 +507,17 @@ class WaitingCase:
         [(response, error)] = self.answers
         assert error is None and isinstance(response, dict)
         return sandbox_error(response)
+
+
+def noting_the_start(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An Event set once the host has read a solution's start from the console."""
+    started = threading.Event()
+    frame = _console.Console._frame
+
+    def noted(self: _console.Console, line: memoryview) -> None:
+        frame(self, line)
+        if self.started:
+            started.set()
+
+    monkeypatch.setattr(_console.Console, "_frame", noted)
+    return started

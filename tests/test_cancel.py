@@ -12,11 +12,10 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from hostside import Host, WaitingCase, descendants_of, processes_with, wait_for
+from hostside import Host, WaitingCase, descendants_of, noting_the_start, processes_with, wait_for
 
 from verl_hyperlight import cancel as cancels
 from verl_hyperlight.case import api
-from verl_hyperlight.hluk import console as _console
 
 URL = "hyperlight://"
 # How long a waiting thread's wake-ups are counted: a plain Event's wait wakes 1 / POLL_SECONDS
@@ -62,20 +61,6 @@ def test_the_wait_of_a_plain_event_is_bounded_and_of_a_cancel_is_not() -> None:
     assert cancels.longest_sleep(cancels.Cancel(), True, None) is None
     assert cancels.longest_sleep(threading.Event(), False, None) == cancels.POLL_SECONDS
     assert cancels.longest_sleep(threading.Event(), False, 0.01) == 0.01
-
-
-def noting_the_start(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """An Event set once the host has read a solution's start from the console."""
-    started = threading.Event()
-    frame = _console.Console._frame
-
-    def noted(self: _console.Console, line: memoryview) -> None:
-        frame(self, line)
-        if self.started:
-            started.set()
-
-    monkeypatch.setattr(_console.Console, "_frame", noted)
-    return started
 
 
 CANCELS: dict[str, Callable[[], threading.Event]] = {

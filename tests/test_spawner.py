@@ -24,6 +24,7 @@ import pytest
 from hostside import (
     Host,
     children_of,
+    noting_the_start,
     processes_running,
     processes_with,
     result,
@@ -36,7 +37,6 @@ from verl_hyperlight import settings as _settings
 from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.errors import BackendError, CauseCounts
 from verl_hyperlight.hluk import binary as _binary
-from verl_hyperlight.hluk import console as _console
 from verl_hyperlight.hluk import ending as _ending
 from verl_hyperlight.hluk import spawn as _spawn
 from verl_hyperlight.hluk import spawners as _spawners
@@ -210,15 +210,7 @@ def sleeping_case(
     """A case whose solution sleeps for 30 s, run in a thread (its answer is put in the list),
     once the host has read the solution's start from the console (so that a test does not
     depend on how fast a loaded machine gets there)."""
-    started = threading.Event()
-    frame = _console.Console._frame
-
-    def noting_the_start(self: _console.Console, line: memoryview) -> None:
-        frame(self, line)
-        if self.started:
-            started.set()
-
-    monkeypatch.setattr(_console.Console, "_frame", noting_the_start)
+    started = noting_the_start(monkeypatch)
     answers: list[dict[str, object]] = []
     code = "import time\ntime.sleep(30)\n"
     thread = threading.Thread(target=lambda: answers.append(run(code, run_timeout=run_timeout)))
