@@ -461,13 +461,16 @@ class Usage:
 
 
 class WaitingCase:
-    """run_code of `code` in a thread of its own, with `cancel` (run_timeout 60 s, `options`
-    as run_code takes them); its thread's native id is known once it has begun, its response
+    """run_code of `code` in a thread of its own, with `cancel` (`options` as run_code takes
+    them); its thread's native id is known once it has begun, its response
     once it has ended, and how often that thread woke over a stretch is read from the kernel
     (its voluntary context switches)."""
 
-    def __init__(self, code: str, cancel: threading.Event, **options: object) -> None:
+    def __init__(
+        self, code: str, cancel: threading.Event, run_timeout: float = 60, **options: object
+    ) -> None:
         self.cancel = cancel
+        self.run_timeout = run_timeout
         self.native_id = 0
         self.answers: list[tuple[object, object]] = []
         self.thread = threading.Thread(target=self._run, args=(code, options))
@@ -482,7 +485,7 @@ class WaitingCase:
             code,
             None,
             compile_timeout,
-            60,
+            self.run_timeout,
             None,
             cancel=self.cancel,
             **options,  # type: ignore[arg-type]
@@ -491,11 +494,12 @@ class WaitingCase:
 
     def wake_ups(self, seconds: float) -> int:
         """How many times the case's thread woke (went back to sleep) over `seconds`."""
-        before = self._switches()
+        before = self.switches()
         time.sleep(seconds)
-        return self._switches() - before
+        return self.switches() - before
 
-    def _switches(self) -> int:
+    def switches(self) -> int:
+        """The voluntary context switches of the case's thread so far."""
         status = Path(f"/proc/self/task/{self.native_id}/status").read_text()
         return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
 
@@ -509,15 +513,31 @@ class WaitingCase:
         return sandbox_error(response)
 
 
-def noting_the_start(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """An Event set once the host has read a solution's start from the console."""
-    started = threading.Event()
+class Starts:
+    """How many solutions' starts the host has read from the console (see noting_the_start)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = threading.Condition()
+
+    def wait(self, timeout: float, count: int = 1) -> bool:
+        """Whether `count` starts have been read, waiting at most `timeout` seconds."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.count >= count, timeout)
+
+
+def noting_the_start(monkeypatch: pytest.MonkeyPatch) -> Starts:
+    """The starts the host reads from the console from now on, counted."""
+    starts = Starts()
     frame = _console.Console._frame
 
     def noted(self: _console.Console, line: memoryview) -> None:
+        was = self.started
         frame(self, line)
-        if self.started:
-            started.set()
+        if self.started and not was:
+            with starts.changed:
+                starts.count += 1
+                starts.changed.notify_all()
 
     monkeypatch.setattr(_console.Console, "_frame", noted)
-    return started
+    return starts

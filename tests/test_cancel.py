@@ -6,13 +6,23 @@ context switches of that thread, counted over a stretch of its wait."""
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
-from hostside import Host, WaitingCase, descendants_of, noting_the_start, processes_with, wait_for
+from hostside import (
+    Host,
+    Usage,
+    WaitingCase,
+    descendants_of,
+    noting_the_start,
+    processes_with,
+    wait_for,
+)
 
 from verl_hyperlight import cancel as cancels
 from verl_hyperlight.case import api
@@ -109,3 +119,46 @@ def test_a_case_waiting_for_its_guests_warm_up_sleeps_until_its_cancel(
 def probes() -> list[int]:
     """This process's hluks that probe a guest (the warm-up's)."""
     return [pid for pid, argv in descendants_of(os.getpid()).items() if b".probe(" in argv]
+
+
+def test_with_no_descriptor_free_for_its_wake_a_cancel_is_looked_at_as_a_plain_events(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker at its descriptor limit (a server's full queue past 1,024): the eventfd cannot
+    # be made, the wait falls back to looking every POLL_SECONDS, and the case is cancelled.
+    def no_descriptor(*_: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    api.run_code(URL, "pass", None, None, 10, None)
+    monkeypatch.setattr(os, "eventfd", no_descriptor)
+    started = noting_the_start(monkeypatch)
+    case = WaitingCase("import time\ntime.sleep(60)", cancels.Cancel())
+    assert started.wait(30)
+    assert case.wake_ups(1.0) >= 1.0 / cancels.POLL_SECONDS / 2
+    assert api.CASE_CANCELLED in case.cancelled()
+
+
+@pytest.mark.once
+def test_64_cases_in_flight_sleep_until_their_cancels_and_leave_nothing(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As serve holds them at --max-concurrent 64: each case's wait is one poll with an eventfd
+    # more; none wakes while the guests sleep, all are cancelled at once, and every eventfd,
+    # thread and hluk goes.
+    api.run_code(URL, "pass", None, None, 10, None)
+    before = Usage.now(host)
+    starts = noting_the_start(monkeypatch)
+    sleeping = "import time\ntime.sleep(600)"
+    cases = [WaitingCase(sleeping, cancels.Cancel(), run_timeout=600) for _ in range(64)]
+    assert starts.wait(300, count=64), f"{starts.count} of 64 started"
+    woke = -sum(case.switches() for case in cases)
+    time.sleep(STRETCH_SECONDS)
+    woke += sum(case.switches() for case in cases)
+    print(f"\n64 cases in flight: their threads woke {woke} times in {STRETCH_SECONDS:.0f} s")
+    assert woke <= 64  # a plain Event's would be 64 x 10
+    for case in cases:
+        case.cancel.set()
+    for case in cases:
+        assert api.CASE_CANCELLED in case.cancelled()
+    assert Usage.now(host).minus(before) == Usage(0, 0, 0, 0)
+    assert wait_for(lambda: not processes_with(str(host.tmpdir)), limit=30)
