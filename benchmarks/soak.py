@@ -376,7 +376,8 @@ class Holdings:
     """What the worker holds that cases could leak. In this process (run_code's soak), its
     threads are also counted by kind (`thread_kinds`): a test suite runs the soak in a process
     where an earlier test's thread may end meanwhile, which a bare count takes for one fewer
-    (CI saw -1), and would let hide a thread of the soak's left running."""
+    (CI saw -1), and would let hide a thread of the soak's left running. Another process's
+    threads are known by their count alone: one more is a leak, one fewer is not."""
 
     processes: frozenset[int]
     threads: int
@@ -400,8 +401,9 @@ class Holdings:
 
     def left_since(self, before: Holdings) -> tuple[int, int, int, int]:
         """Processes, threads, descriptors and case directories held now and not before:
-        threads of each kind more than before, where they are known by kind."""
-        threads = self.threads - before.threads
+        threads of each kind more than before, where they are known by kind, else the count
+        grown (a thread that ended meanwhile, as the server's readiness check, is none)."""
+        threads = max(0, self.threads - before.threads)
         if self.thread_kinds and before.thread_kinds:
             grown = self.thread_kinds - before.thread_kinds  # the kinds that grew, by how much
             threads = sum(grown.values())
@@ -571,10 +573,13 @@ class Served(Worker):
 
     def end_ready_guests(self) -> None:
         # The hluks of the warm-up's cases end off their paths (hluk/ending.py), within their
-        # grace: past it, the server holds none of them.
+        # grace, and the thread that ends them lingers LINGER_SECONDS more before it ends: past
+        # both, the server holds none of them, nor that thread (counted before the soak and
+        # ended during it, it made a leak of -1 threads in CI).
         from verl_hyperlight import deadlines
+        from verl_hyperlight.hluk import ending
 
-        time.sleep(deadlines.EXIT_GRACE_SECONDS + 0.5)
+        time.sleep(deadlines.EXIT_GRACE_SECONDS + ending.LINGER_SECONDS + 1.0)
 
     def run(self, case: Case) -> dict[str, Any] | None:
         body = {"code": case.code, "stdin": case.stdin, "run_timeout": case.run_timeout}

@@ -88,9 +88,11 @@ def test_hluk_and_the_case_directories_go_with_a_worker_killed_by_sigkill(
     try:
         # The sleepers, the deepest processes (the marker also names the case directories in
         # the argv of hluk and bwrap): once they all run, every process between them does.
+        # A fresh worker imports the package and starts its cleaner and three stand-ins: CI's
+        # loaded node once took past 10 s for it.
         sleeper_mark = f"# {marker}"
         sleepers = wait_for(
-            lambda: len(processes_with(sleeper_mark, exclude=(worker.pid,))) == cases
+            lambda: len(processes_with(sleeper_mark, exclude=(worker.pid,))) == cases, limit=60
         )
         assert sleepers, "the worker's cases did not all start"
         started = descendants_of(worker.pid)
@@ -151,7 +153,8 @@ def test_hluk_goes_with_a_killed_worker_whose_forked_child_lives_on(
                 ]
                 if len(processes_with(f"# {marker}")) == 4
                 else []
-            )
+            ),
+            limit=60,  # a fresh worker's start and its cases', on a loaded node
         )
         assert sleepers, "the worker's cases did not all start"
         (forked,) = [

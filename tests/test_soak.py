@@ -141,6 +141,10 @@ def test_a_thread_left_by_the_soak_counts_though_another_of_another_kind_ended()
     assert ended.left_since(before) == (0, 0, 0, 0)
     assert swapped.left_since(before) == (0, 1, 0, 0)
     assert swapped.threads_changed(before) == "+1 Thread, -1 verl-hyperlight-ender"
+    # Another process's (serve's) threads are known by their count alone.
+    server_before = soak.Holdings(frozenset(), 12, 30, 0)
+    assert soak.Holdings(frozenset(), 11, 30, 0).left_since(server_before) == (0, 0, 0, 0)
+    assert soak.Holdings(frozenset(), 13, 30, 0).left_since(server_before) == (0, 1, 0, 0)
     assert soak.thread_kind("Thread-12 (run)") == "Thread"
     assert soak.thread_kind("ThreadPoolExecutor-3_0") == "ThreadPoolExecutor"
     assert soak.thread_kind("verl-hyperlight-probe-python") == "verl-hyperlight-probe-python"
