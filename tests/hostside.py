@@ -109,6 +109,12 @@ def host(hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterato
     monkeypatch.setattr(_settings, "_unusable", CauseCounts())
     _gate.forget()
     yield found
+    # A spawner started again in the background (spawners._retry) ends here, under the test's
+    # patches: left running, it put the spawner it started into the next test's patched pool
+    # (CI saw doctor find a spawner in a test where none could start).
+    for thread in threading.enumerate():
+        if thread.name == "verl-hyperlight-spawner-retry":
+            thread.join(60)
     _gate.forget()
 
 
