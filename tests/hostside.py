@@ -468,15 +468,21 @@ class Usage:
 
 class WaitingCase:
     """run_code of `code` in a thread of its own, with `cancel` (`options` as run_code takes
-    them); its thread's native id is known once it has begun, its response
+    them), at `url`; its thread's native id is known once it has begun, its response
     once it has ended, and how often that thread woke over a stretch is read from the kernel
     (its voluntary context switches)."""
 
     def __init__(
-        self, code: str, cancel: threading.Event, run_timeout: float = 60, **options: object
+        self,
+        code: str,
+        cancel: threading.Event,
+        run_timeout: float = 60,
+        url: str = URL,
+        **options: object,
     ) -> None:
         self.cancel = cancel
         self.run_timeout = run_timeout
+        self.url = url
         self.native_id = 0
         self.answers: list[tuple[object, object]] = []
         self.thread = threading.Thread(target=self._run, args=(code, options))
@@ -487,7 +493,7 @@ class WaitingCase:
         self.native_id = threading.get_native_id()
         compile_timeout = options.pop("compile_timeout", None)
         answer = _api.run_code(
-            URL,
+            self.url,
             code,
             None,
             compile_timeout,

@@ -33,19 +33,20 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
+from .. import cancel as cancels
 from .. import diagnosis, settings
 from ..errors import CauseCounts, Refused
 
 logger = logging.getLogger("verl_hyperlight")
 
-# How long a check that the resource is offered is taken as still true: a case costs no
-# round trip to Ray's control store while the cluster is as it was.
+# How long a check that the resource is offered is taken as still true (a case costs no
+# round trip to Ray's control store while the cluster is as it was), and how often a waiting
+# case looks again.
 PRESENCE_SECONDS = 1.0
-# How often a waiting case looks at its cancel event and at the resource's presence.
-POLL_SECONDS = 0.1
 # How long an actor's running call is given to end (its `cancel_method` called) before the
 # actor is killed.
 ACTOR_END_SECONDS = 10.0
@@ -156,6 +157,32 @@ class _Connection:
         """How many units of `resource` the alive nodes offer in all, now."""
         return float(self.ray(resource).cluster_resources().get(resource, 0))
 
+    def _look(
+        self,
+        resource: str,
+        now: float,
+        began: float,
+        unoffered_since: float | None,
+        limit: float,
+        placed_within: float | None,
+    ) -> float | None:
+        """A waiting case's look at whether a node offers `resource`: since when none has
+        (None: one does); BackendError when none has for `limit` seconds, or when one does but
+        the wait has gone on past `placed_within`."""
+        if self.offered(resource, now):
+            if placed_within is not None and now - began >= placed_within:
+                raise diagnosis.ray_units_held(resource, self.units(resource), placed_within)
+            return None
+        if unoffered_since is None:
+            unoffered_since = now
+            if self._awaited.first(resource):
+                logger.warning(
+                    "verl-hyperlight: %s", diagnosis.ray_awaiting_a_node(resource, limit)
+                )
+        if now - unoffered_since >= limit:
+            raise diagnosis.ray_resource_offered_by_none(resource, limit)
+        return unoffered_since
+
     def wait(
         self,
         reference: Any,
@@ -169,41 +196,54 @@ class _Connection:
         caller's cancel (Refused with `cancelled`), on no node offering `resource` for
         VERL_HYPERLIGHT_RAY_WAIT (BackendError), or on any other way out, `stop` is called
         first. With `placed_within`, it must also come within that many seconds while nodes
-        offer the resource (an actor waiting for a unit others hold: BackendError)."""
+        offer the resource (an actor waiting for a unit others hold: BackendError).
+
+        The waiting thread sleeps until the answer comes (Ray completes the reference's
+        future), the cancel wakes it (a `Cancel`), or its next look at the resource's presence
+        is due, every PRESENCE_SECONDS: it never wakes only to look at its cancel, unless that
+        is a plain Event (looked at every cancel.POLL_SECONDS)."""
         ray = self.ray(resource)
         limit = settings.RAY_WAIT.value()
         began = time.monotonic()
         unoffered_since: float | None = None
+        answered = reference.future()
+        woken: futures.Future[None] = futures.Future()
+
+        def wake() -> None:  # run under the cancel's lock, one set at a time
+            if not woken.done():
+                woken.set_result(None)
+
         try:
-            while True:
-                try:
-                    return _result(ray, reference, POLL_SECONDS)
-                except ray.exceptions.GetTimeoutError:
-                    pass
-                if cancel is not None and cancel.is_set():
-                    raise Refused(cancelled)
-                now = time.monotonic()
-                if self.offered(resource, now):
-                    unoffered_since = None
-                    if placed_within is not None and now - began >= placed_within:
-                        raise diagnosis.ray_units_held(
-                            resource, self.units(resource), placed_within
+            with cancels.on_set(cancel, wake) as wakes:
+                look_at = began  # the next look at the resource's presence
+                while True:
+                    if cancel is not None and cancel.is_set():
+                        raise Refused(cancelled)
+                    now = time.monotonic()
+                    if now >= look_at:
+                        unoffered_since = self._look(
+                            resource, now, began, unoffered_since, limit, placed_within
                         )
-                    continue
-                if unoffered_since is None:
-                    unoffered_since = now
-                    if self._awaited.first(resource):
-                        logger.warning(
-                            "verl-hyperlight: %s", diagnosis.ray_awaiting_a_node(resource, limit)
-                        )
-                if now - unoffered_since >= limit:
-                    raise diagnosis.ray_resource_offered_by_none(resource, limit)
+                        look_at = now + PRESENCE_SECONDS
+                        if unoffered_since is not None:
+                            look_at = min(look_at, unoffered_since + limit)
+                        elif placed_within is not None:
+                            look_at = min(look_at, began + placed_within)
+                    futures.wait(
+                        [answered, woken],
+                        timeout=cancels.longest_sleep(cancel, wakes, max(0.0, look_at - now)),
+                        return_when=futures.FIRST_COMPLETED,
+                    )
+                    if answered.done():
+                        # Ready: ray.get gives it (pulled from its node when large), or says
+                        # why Ray failed it.
+                        return _result(ray, reference, None)
         except BaseException:
             stop()
             raise
 
 
-def _result(ray: Any, reference: Any, timeout: float) -> Any:
+def _result(ray: Any, reference: Any, timeout: float | None) -> Any:
     """The task's answer, once it has one within `timeout` (else GetTimeoutError); a
     BackendError saying why when Ray failed it."""
     lost = (
