@@ -460,13 +460,23 @@ def test_finish_past_the_limit_keeps_the_limit_and_reports_153(
     assert (end.status, end.limit_hit, end.sizes) == (153, "stdout", (10, 0))
 
 
-def test_a_second_finish_waits_for_the_micro_vm_to_end(output_case: runner._Case) -> None:
+def test_a_second_finish_waits_for_the_micro_vm_to_end(
+    output_case: runner._Case, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     output_case.finish(0)
+    reported = (tmp_path / "console").read_bytes()
     second = threading.Thread(target=output_case.finish, args=(7,), daemon=True)
     second.start()
     second.join(0.5)
     # Still waiting: it reported nothing, and the first report stands.
     assert second.is_alive()
+    assert (tmp_path / "console").read_bytes() == reported
+    # The micro-VM's end, which it waits for, never comes here: let it go rather than leave
+    # the thread blocked for the rest of the suite (and never let it end pytest's process).
+    monkeypatch.setattr(runner, "_os_exit", lambda status: None)
+    output_case.reporting.release()
+    second.join(10)
+    assert not second.is_alive()
 
 
 def test_a_finish_that_cannot_report_ends_the_guest(
