@@ -5,9 +5,12 @@ run_code in this process and over HTTP through a server on a loopback port; both
 instant hluk double (bench_run_code.instant_hluk: it prints the runner's frames at once, no
 guest), so the difference is the server's own cost: HTTP, validation, admission, the worker
 thread, JSON. It prints cases/s, p50 and p99 latency for each, and the server's added cost per
-case at p50 as a difference and a ratio. The server is started with --max-concurrent 32 (so
-admission never waits here) and its access log at WARNING (as an operator may, to spare the
-disk; the line costs about as much as the rest).
+case at p50 as a difference and a ratio. Beside them, the floor of any HTTP server on this
+machine: a bare ASGI app under the same uvicorn (uvloop and httptools when installed, as serve
+takes them) answering each POST with the case's answer, measured in the same rounds, so that
+serve's own part of what it adds is told apart from what HTTP over loopback costs here. The
+server is started with --max-concurrent 32 (so admission never waits here) and its access log
+at WARNING (as an operator may, to spare the disk; the line costs about as much as the rest).
 
 The CPU time per case is that of the process running run_code (this one, or the server):
 unlike wall time on a busy machine, what the server adds there does not depend on the load.
@@ -25,6 +28,7 @@ cost)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -52,6 +56,7 @@ from bench_run_code import (
 from verl_hyperlight import run_code, settings
 
 LEVELS = (1, 8, 32)
+FLOOR = "bare HTTP"
 SERVER = (
     "import logging, sys\n"
     "from verl_hyperlight.cli import main\n"
@@ -60,6 +65,22 @@ SERVER = (
 )
 BODY = {"code": SOLUTION, "stdin": STDIN, "language": "python", "run_timeout": 10,
         "memory_limit_MB": 1024}  # fmt: skip
+
+
+# The floor: an ASGI app that reads the request and answers with the case's answer, nothing else.
+FLOOR_APP = """
+ANSWER = {answer!r}
+
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    headers = [(b"content-type", b"application/json")]
+    await send({{"type": "http.response.start", "status": 200, "headers": headers}})
+    await send({{"type": "http.response.body", "body": ANSWER}})
+"""
 
 
 def in_process() -> None:
@@ -123,6 +144,28 @@ def start_server(
     raise SystemExit(f"the server did not become ready:\n{log.name}")
 
 
+def start_floor(scratch: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The bare ASGI app of FLOOR_APP under uvicorn, answering with run_code's answer."""
+    response, error = run_code("hyperlight://", SOLUTION, STDIN, 10, 10, 1024)
+    assert error is None
+    (scratch / "floor_app.py").write_text(FLOOR_APP.format(answer=json.dumps(response).encode()))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(scratch), "floor_app:app"]
+    command += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            httpx.post(base, json=BODY, timeout=5)
+            return process, base
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise SystemExit("the bare ASGI app did not start")
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU time of process `pid` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -155,6 +198,7 @@ def main() -> None:
         print(f"backend: {backend}; {os.cpu_count()} CPUs; {args.cases} cases per figure")
         in_process()  # the warm-up, outside the measurements
         servers["serve"] = start_server(scratch, None)
+        servers[FLOOR] = start_floor(scratch)
         if args.baseline is not None:
             servers["baseline"] = start_server(scratch, args.baseline)
             print(f"baseline: the serve of {args.baseline}")
@@ -191,8 +235,13 @@ def main() -> None:
                 ours,
                 f"{cpu['run_code'] / cases * 1000:13.2f}",
             )
+            floor = p(latencies[FLOOR], 50)
+            floor_cpu = f"{cpu[FLOOR] / cases * 1000:13.2f}"
+            report(level, FLOOR, rates[FLOOR], latencies[FLOOR], floor_cpu)
             added = {}
             for name in servers:
+                if name == FLOOR:
+                    continue
                 per_case = f"{cpu[name] / cases * 1000:13.2f}"
                 report(level, name, rates[name], latencies[name], per_case)
                 added[name] = p(latencies[name], 50) - p(ours, 50)
@@ -201,6 +250,10 @@ def main() -> None:
                     f"(ratio {p(latencies[name], 50) / p(ours, 50):.2f}), "
                     f"{(cpu[name] - cpu['run_code']) / cases * 1000:+.2f} ms of CPU; "
                     f"throughput ratio {rates[name] / rates['run_code']:.2f}"
+                )
+                print(
+                    f"  c={level:<3} {name} adds {added[name] - floor:+.2f} ms per case at p50 "
+                    f"beyond a bare HTTP round trip ({floor:.2f} ms at p50)"
                 )
             if "baseline" in servers:
                 own = {name: cpu[name] - cpu["run_code"] for name in servers}

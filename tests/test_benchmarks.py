@@ -138,3 +138,27 @@ def test_bench_host_cpu_prints_each_side_and_the_ratios_to_the_bare_spawn() -> N
     assert counted != lines[-1]
     figures = dict(part.rsplit(" ", 1) for part in counted.split("; "))
     assert list(figures) == list(table) and all(int(n) > 0 for n in figures.values())
+
+
+def test_bench_serve_prints_serve_beside_run_code_and_a_bare_http_round_trip() -> None:
+    """bench_serve.py: at each concurrency, run_code, a bare ASGI app under the same uvicorn
+    (the floor of any HTTP server here) and serve, then what serve adds to run_code and what
+    it adds beyond the floor (its figures are not judged: they are one noisy run's)."""
+    done = bench("bench_serve.py", "--cases", "16", "--rounds", "2", standin=False)
+    rows = re.findall(r"^  c=(\d+)\s+(run_code|bare HTTP|serve)\s+([\d.]+)\s+([\d.]+)\s+"
+                      r"([\d.]+)\s+([\d.]+)$", done.stdout, re.MULTILINE)  # fmt: skip
+    assert [(level, name) for level, name, *_ in rows] == [
+        (level, name) for level in ("1", "8", "32") for name in ("run_code", "bare HTTP", "serve")
+    ]
+    p50 = {(level, name): float(median) for level, name, _, median, _, _ in rows}
+    beyond = re.findall(
+        r"^  c=(\d+)\s+serve adds ([+-][\d.]+) ms per case at p50 beyond a bare HTTP round trip "
+        r"\(([\d.]+) ms at p50\)$",
+        done.stdout,
+        re.MULTILINE,
+    )
+    assert [level for level, _, _ in beyond] == ["1", "8", "32"]
+    for level, own, floor in beyond:
+        assert float(floor) == pytest.approx(p50[(level, "bare HTTP")], abs=0.01)
+        added = p50[(level, "serve")] - p50[(level, "run_code")]
+        assert float(own) == pytest.approx(added - float(floor), abs=0.02)
