@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,8 @@ from hostside import (
 
 from verl_hyperlight import run_code
 from verl_hyperlight.cancel import POLL_SECONDS, Cancel
+from verl_hyperlight.case import cluster as _cluster
+from verl_hyperlight.errors import BackendError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -386,6 +388,8 @@ WITHOUT_RAY = """
 import sys
 sys.modules["ray"] = None  # an environment without the ray extra
 from verl_hyperlight import run_code
+from verl_hyperlight.case import cluster as _cluster
+from verl_hyperlight.errors import BackendError
 from verl_hyperlight.cancel import POLL_SECONDS, Cancel
 response, error = run_code("hyperlight://?ray", "print(1)", "", None, 5, None)
 print(response["status"], response["message"])
@@ -394,10 +398,50 @@ print(response["status"], response["message"])
 UNREACHABLE = """
 import sys
 from verl_hyperlight import run_code
+from verl_hyperlight.case import cluster as _cluster
+from verl_hyperlight.errors import BackendError
 from verl_hyperlight.cancel import POLL_SECONDS, Cancel
 response, error = run_code("hyperlight://?ray", "print(1)", "", None, 5, None)
 print(response["status"], response["message"])
 """
+
+
+class JustTheResources:
+    """What a case's wait asks of Ray about a cluster offering `units` of "fake", `free` of
+    them free now, and a reference that is never answered (its future never done)."""
+
+    def __init__(self, units: float, free: float) -> None:
+        self.units, self.free = units, free
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"fake": self.units}
+
+    def available_resources(self) -> dict[str, float]:
+        return {"fake": self.free}
+
+    def future(self) -> Future[Any]:
+        return Future()
+
+
+@pytest.mark.parametrize(("free", "cause"), [(2, "ray-actor-slow"), (0, "ray-units-held")])
+def test_an_actor_not_up_in_time_is_said_slow_to_start_when_units_were_free(
+    free: float, cause: str
+) -> None:
+    """A notebook's actor not up within its start-up deadline while nodes offer the resource:
+    with units free, Ray was slow to start its worker (CI's load once took one past 4 s, which
+    was said as every unit held); with none free, the units are held. Runs without Ray."""
+    connection = _cluster._Connection()
+    connection._ray = fake = JustTheResources(units=3, free=free)
+    stopped: list[bool] = []
+    with pytest.raises(BackendError) as raised:
+        connection.wait(fake, "fake", None, "cancelled", lambda: stopped.append(True), 0.3)
+    assert raised.value.cause == cause and stopped == [True]
+    said = str(raised.value)
+    if free:
+        assert "although 2 of the 3 units of 'fake' the cluster offers were free" in said
+        assert "VERL_HYPERLIGHT_STARTUP_TIMEOUT" in said
+    else:
+        assert "no unit of 'fake' came free for a notebook within 0 s: all 3" in said
 
 
 def test_a_worker_without_ray_is_told_which_extra_to_install() -> None:

@@ -615,14 +615,31 @@ def ray_nodes_to_warm(resource: str) -> str:
 
 
 def ray_units_held(resource: str, units: float, seconds: float) -> BackendError:
-    """A notebook's actor found no unit of `resource` free within `seconds`: each unit the
-    cluster offers is held (by notebooks and cases)."""
+    """A notebook's actor was not up within `seconds` while no unit of `resource` was free:
+    the units the cluster offers are held by notebooks and cases (or the last one by this
+    actor, its Ray worker still starting)."""
     return _failed(
         f"no unit of {resource!r} came free for a notebook within {seconds:.0f} s: all "
-        f"{units:g} the cluster offers are held by notebooks and cases",
+        f"{units:g} the cluster offers are held by notebooks and cases (or the last by this "
+        "notebook's actor while its Ray worker starts)",
         "raise the units the KVM nodes offer (or add nodes), or lower the code tool's "
         "max_sessions, whose notebooks each hold one",
         "ray-units-held",
+        persistent=False,
+        after="the call is answered at once; the trajectory's next call tries again",
+    )
+
+
+def ray_actor_slow(resource: str, free: float, units: float, seconds: float) -> BackendError:
+    """A notebook's actor was not up within `seconds` although units of `resource` were free:
+    Ray was slow to start its worker, not short of units."""
+    return _failed(
+        f"a notebook's Ray actor was not up within {seconds:.0f} s although {free:g} of the "
+        f"{units:g} units of {resource!r} the cluster offers were free: Ray was slow to start "
+        "its worker process on the node (a loaded node, or its first start)",
+        f"see the node's load and `ray status`; {STARTUP_TIMEOUT.name} gives a notebook's "
+        "start longer",
+        "ray-actor-slow",
         persistent=False,
         after="the call is answered at once; the trajectory's next call tries again",
     )

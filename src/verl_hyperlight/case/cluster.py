@@ -171,7 +171,7 @@ class _Connection:
         the wait has gone on past `placed_within`."""
         if self.offered(resource, now):
             if placed_within is not None and now - began >= placed_within:
-                raise diagnosis.ray_units_held(resource, self.units(resource), placed_within)
+                raise self._not_placed(resource, placed_within)
             return None
         if unoffered_since is None:
             unoffered_since = now
@@ -182,6 +182,16 @@ class _Connection:
         if now - unoffered_since >= limit:
             raise diagnosis.ray_resource_offered_by_none(resource, limit)
         return unoffered_since
+
+    def _not_placed(self, resource: str, seconds: float) -> BaseException:
+        """Why an actor offered `resource` was not up within `seconds`: every unit held, or
+        (some free) its Ray worker slow to start."""
+        ray = self.ray(resource)
+        free = float(ray.available_resources().get(resource, 0))
+        units = float(ray.cluster_resources().get(resource, 0))
+        if free >= 1:
+            return diagnosis.ray_actor_slow(resource, free, units, seconds)
+        return diagnosis.ray_units_held(resource, units, seconds)
 
     def wait(
         self,
