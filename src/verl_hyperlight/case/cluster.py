@@ -187,8 +187,11 @@ class _Connection:
         """Why an actor offered `resource` was not up within `seconds`: every unit held, or
         (some free) its Ray worker slow to start."""
         ray = self.ray(resource)
-        free = float(ray.available_resources().get(resource, 0))
-        units = float(ray.cluster_resources().get(resource, 0))
+        units = self.units(resource)
+        try:
+            free = float(ray.available_resources().get(resource, 0))
+        except Exception:  # the usual answer, when Ray cannot say
+            free = 0
         if free >= 1:
             return diagnosis.ray_actor_slow(resource, free, units, seconds)
         return diagnosis.ray_units_held(resource, units, seconds)
