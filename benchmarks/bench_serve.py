@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -83,9 +84,11 @@ async def app(scope, receive, send):
 """
 
 
-def in_process() -> None:
+def in_process() -> dict[str, Any]:
+    """The case through run_code in this process; its answer."""
     response, error = run_code("hyperlight://", SOLUTION, STDIN, 10, 10, 1024)
     assert error is None and response is not None and response["run_result"]["stdout"] == EXPECTED
+    return dict(response)
 
 
 def over_http(client: httpx.Client) -> Callable[[], None]:
@@ -96,7 +99,7 @@ def over_http(client: httpx.Client) -> Callable[[], None]:
     return call
 
 
-def measure(task: Callable[[], None], concurrency: int, cases: int) -> tuple[float, list[float]]:
+def measure(task: Callable[[], object], concurrency: int, cases: int) -> tuple[float, list[float]]:
     """Cases per second and each case's latency, with `concurrency` callers."""
 
     def timed(_: int) -> float:
@@ -114,13 +117,18 @@ def p(latencies: list[float], q: int) -> float:
     return statistics.quantiles(latencies, n=100)[q - 1] * 1000
 
 
+def free_port() -> int:
+    """A port free on the loopback now, for a server to take."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def start_server(
     scratch: Path, src: Path | None = None, options: tuple[str, ...] = ("--max-concurrent", "32")
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A server of this checkout, or of the one whose src directory is `src`, with `options`."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log = (scratch / f"serve-{port}.log").open("wb")
     env = dict(os.environ)
     if src is not None:
@@ -146,12 +154,9 @@ def start_server(
 
 def start_floor(scratch: Path) -> tuple[subprocess.Popen[bytes], str]:
     """The bare ASGI app of FLOOR_APP under uvicorn, answering with run_code's answer."""
-    response, error = run_code("hyperlight://", SOLUTION, STDIN, 10, 10, 1024)
-    assert error is None
-    (scratch / "floor_app.py").write_text(FLOOR_APP.format(answer=json.dumps(response).encode()))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    answer = json.dumps(in_process()).encode()
+    (scratch / "floor_app.py").write_text(FLOOR_APP.format(answer=answer))
+    port = free_port()
     command = [sys.executable, "-m", "uvicorn", "--app-dir", str(scratch), "floor_app:app"]
     command += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

@@ -388,9 +388,6 @@ WITHOUT_RAY = """
 import sys
 sys.modules["ray"] = None  # an environment without the ray extra
 from verl_hyperlight import run_code
-from verl_hyperlight.case import cluster as _cluster
-from verl_hyperlight.errors import BackendError
-from verl_hyperlight.cancel import POLL_SECONDS, Cancel
 response, error = run_code("hyperlight://?ray", "print(1)", "", None, 5, None)
 print(response["status"], response["message"])
 """
@@ -398,9 +395,6 @@ print(response["status"], response["message"])
 UNREACHABLE = """
 import sys
 from verl_hyperlight import run_code
-from verl_hyperlight.case import cluster as _cluster
-from verl_hyperlight.errors import BackendError
-from verl_hyperlight.cancel import POLL_SECONDS, Cancel
 response, error = run_code("hyperlight://?ray", "print(1)", "", None, 5, None)
 print(response["status"], response["message"])
 """
