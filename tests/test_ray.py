@@ -367,6 +367,51 @@ def test_a_case_waiting_for_a_node_sleeps_until_its_cancel_wakes_it(
         assert woke >= 4 / POLL_SECONDS - 2
 
 
+def test_hundreds_of_waiting_cases_look_at_the_resource_once_a_second_between_them(
+    cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's trajectories pending on a group scaled to zero: 128 cases of one process wait
+    for a node, and one look at Ray's control store a second answers them all (each case that
+    looked itself made 128 a second here); each thread still wakes about once a second, for
+    its own RAY_WAIT clock. One Cancel ends them all, their demand withdrawn."""
+    monkeypatch.setenv("VERL_HYPERLIGHT_RAY_WAIT", "300")
+    resource, count, seconds = "crowd", 128, 4
+    looks: list[float] = []
+    units = _cluster._connection.units
+
+    def counted(name: str) -> float:
+        if name == resource:
+            looks.append(time.monotonic())
+        return units(name)
+
+    monkeypatch.setattr(_cluster._connection, "units", counted)
+    cancel = Cancel()
+    cases = [
+        WaitingCase("print(1)", cancel, url=f"hyperlight://?ray={resource}") for _ in range(count)
+    ]
+    try:
+        assert wait_for(lambda: pending_demand(cluster, resource) == count, limit=60)
+        looks.clear()
+        before = sum(case.switches() for case in cases)
+        time.sleep(seconds)
+        woke = sum(case.switches() for case in cases) - before
+        made = len(looks)
+        print(
+            f"{count} waiting cases: {made} looks at the resource, {woke} wake-ups in {seconds} s"
+        )
+    finally:
+        cancel.set()
+        for case in cases:
+            case.thread.join(60)
+    assert all(
+        "cancelled" in sandbox_error(response) for case in cases for response, _ in case.answers
+    )
+    assert sum(len(case.answers) for case in cases) == count
+    assert wait_for(lambda: pending_demand(cluster, resource) == 0, limit=60)
+    assert 1 <= made <= seconds / _cluster.PRESENCE_SECONDS + 2
+    assert woke <= count * 3 * seconds
+
+
 def test_the_agent_tools_stateless_calls_take_the_cluster(cluster: RayCluster) -> None:
     import asyncio
 

@@ -90,8 +90,8 @@ def _answers(address: str) -> None:
 
 class _Connection:
     """This process's view of the cluster: its connection, its remote functions and actor
-    classes, and which resources an alive node offers (checked at most every
-    PRESENCE_SECONDS while offered)."""
+    classes, and which resources an alive node offers (looked at once per PRESENCE_SECONDS,
+    for every case of the process)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -99,6 +99,7 @@ class _Connection:
         self._remote: dict[tuple[object, str], Any] = {}  # (function, resource): its task
         self._classes: dict[type, Any] = {}
         self._seen: dict[str, tuple[float, bool]] = {}  # resource: (checked at, offered)
+        self._looking: dict[str, threading.Lock] = {}  # resource: held while one looks
         self._awaited = CauseCounts()  # resources cases waited for a node of: said once each
 
     def ray(self, resource: str | None = None) -> Any:
@@ -144,13 +145,18 @@ class _Connection:
         return made
 
     def offered(self, resource: str, now: float) -> bool:
-        """Whether an alive node of the cluster offers `resource` (as last seen within
-        PRESENCE_SECONDS when it did)."""
-        checked, offered = self._seen.get(resource, (-1.0, False))
-        if offered and now - checked < PRESENCE_SECONDS:
-            return True
-        offered = self.units(resource) > 0
-        self._seen[resource] = (now, offered)
+        """Whether an alive node of the cluster offers `resource`, as last seen within
+        PRESENCE_SECONDS: one look at Ray's control store per resource and process at a time
+        and per PRESENCE_SECONDS, however many cases wait (the others take its answer)."""
+        seen = self._seen.get(resource)
+        if seen is not None and now - seen[0] < PRESENCE_SECONDS:
+            return seen[1]
+        with self._looking.setdefault(resource, threading.Lock()):
+            seen = self._seen.get(resource)
+            if seen is not None and time.monotonic() - seen[0] < PRESENCE_SECONDS:
+                return seen[1]  # looked at while this case waited for the lock
+            offered = self.units(resource) > 0
+            self._seen[resource] = (time.monotonic(), offered)
         return offered
 
     def units(self, resource: str) -> float:
