@@ -483,6 +483,39 @@ def test_an_actor_not_up_in_time_is_said_slow_to_start_when_units_were_free(
         assert "no unit of 'fake' came free for a notebook within 0 s: all 3" in said
 
 
+class SlowResourceView:
+    """Ray's resource view of a cluster where no node offers "fake", each look taking 50 ms
+    (a loaded control store), the looks counted."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+
+    def cluster_resources(self) -> dict[str, float]:
+        self.looks += 1
+        time.sleep(0.05)
+        return {}
+
+
+def test_cases_that_look_at_once_share_one_look_at_the_resource() -> None:
+    """64 waiting cases due to look at the same moment, none offered: one asks Ray, the
+    others take its answer, as they do for PRESENCE_SECONDS; then one looks again. Runs
+    without Ray."""
+    connection = _cluster._Connection()
+    connection._ray = fake = SlowResourceView()
+    go = threading.Barrier(64)
+
+    def look() -> bool:
+        go.wait()
+        return connection.offered("fake", time.monotonic())
+
+    with ThreadPoolExecutor(64) as pool:
+        seen = list(pool.map(lambda _: look(), range(64)))
+    assert seen == [False] * 64 and fake.looks == 1
+    assert not connection.offered("fake", time.monotonic()) and fake.looks == 1
+    later = time.monotonic() + _cluster.PRESENCE_SECONDS
+    assert not connection.offered("fake", later) and fake.looks == 2
+
+
 def test_a_worker_without_ray_is_told_which_extra_to_install() -> None:
     said = subprocess.run(
         [sys.executable, "-c", WITHOUT_RAY], capture_output=True, text=True, timeout=60

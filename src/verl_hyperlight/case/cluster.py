@@ -153,10 +153,10 @@ class _Connection:
             return seen[1]
         with self._looking.setdefault(resource, threading.Lock()):
             seen = self._seen.get(resource)
-            if seen is not None and time.monotonic() - seen[0] < PRESENCE_SECONDS:
+            if seen is not None and now - seen[0] < PRESENCE_SECONDS:
                 return seen[1]  # looked at while this case waited for the lock
             offered = self.units(resource) > 0
-            self._seen[resource] = (time.monotonic(), offered)
+            self._seen[resource] = (now, offered)
         return offered
 
     def units(self, resource: str) -> float:
