@@ -13,13 +13,19 @@ and IPI exits); and the ratio of the total to the bare spawn's. Last, the lines 
 runs per case (traced, all threads): a count that does not change from run to run
 (docs/performance.md says how the CPU follows it).
 
-Usage: python benchmarks/bench_host_cpu.py [--cases N]
+With --stages, last, where run_code's own CPU goes (ready guests off): the CPU of the case's
+thread in each step of its path (each step's function timed with the thread's CPU clock, steps
+within steps indented), per case and as a share of the whole run_code call; the other threads'
+share (the ender's reaping) apart.
+
+Usage: python benchmarks/bench_host_cpu.py [--cases N] [--stages]
 """
 
 from __future__ import annotations
 
 import argparse
 import binascii
+import functools
 import os
 import resource
 import secrets
@@ -178,9 +184,77 @@ def least_case(argv: list[str], nonce: str, case_dir: Path) -> Callable[[], None
     return task
 
 
+# run_code's path, step by step: (depth, label, module, attribute), in the order a case takes
+# them; each is timed where its caller looks it up (a module's function, a class's method).
+STAGES = [
+    (0, "run_code", "verl_hyperlight.case.api", "answer"),
+    (1, "the request validated", "verl_hyperlight.case.api", "_validate"),
+    (1, "the gate passed and the case run", "verl_hyperlight.case.gate", "run_through_gate"),
+    (2, "the case directory written", "verl_hyperlight.case.casedir", "make"),
+    (2, "the last cases' hluks reaped", "verl_hyperlight.hluk.ending", "collect"),
+    (2, "hluk started", "verl_hyperlight.hluk.spawn", "start"),
+    (2, "its console read to the report", "verl_hyperlight.hluk.watch", "watch"),
+    (3, "hluk's pipes read", "verl_hyperlight.hluk.watch", "_Pipes.read"),
+    (4, "the frames decoded", "verl_hyperlight.hluk.console", "Console.read"),
+    (2, "hluk handed to its ender", "verl_hyperlight.hluk.ending", "hand"),
+    (2, "the outcome made", "verl_hyperlight.hluk.watch", "_Watched.outcome"),
+    (1, "the response shaped", "verl_hyperlight.case.api", "response_for"),
+    (1, "the case directory removed", "verl_hyperlight.case.casedir", "CaseDir.remove"),
+]
+
+
+def _timed(function: Callable[..., Any], spent: list[int]) -> Callable[..., Any]:
+    """`function`, adding its thread's CPU ns and its calls to `spent`."""
+
+    @functools.wraps(function)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.thread_time_ns()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[0] += time.thread_time_ns() - began
+            spent[1] += 1
+
+    return timed
+
+
+def stages(task: Callable[[], None], cases: int) -> list[tuple[int, str, float, float]]:
+    """Each step of STAGES over `cases` runs of `task`: (depth, label, CPU ms of the case's
+    thread per case, calls per case), then the other threads' CPU per case (depth -1)."""
+    import importlib
+
+    spent: dict[str, list[int]] = {label: [0, 0] for _, label, _, _ in STAGES}
+    restore = []
+    for _, label, module_name, attribute in STAGES:
+        owner: Any = importlib.import_module(module_name)
+        *path, name = attribute.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        original = owner.__dict__[name]
+        setattr(owner, name, _timed(original, spent[label]))
+        restore.append((owner, name, original))
+    try:
+        before = own()[0]
+        for _ in range(cases):
+            task()
+        time.sleep(0.5)  # the ender's share is done
+        process = (own()[0] - before) * 1000 / cases
+    finally:
+        for owner, name, original in restore:
+            setattr(owner, name, original)
+    found = [
+        (depth, label, spent[label][0] / 1e6 / cases, spent[label][1] / cases)
+        for depth, label, _, _ in STAGES
+    ]
+    return [*found, (-1, "other threads (the ender)", process - found[0][2], 0.0)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=200, help="cases per figure")
+    parser.add_argument(
+        "--stages", action="store_true", help="then where run_code's CPU goes, step by step"
+    )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="verl-hyperlight-host-cpu-"))
     os.environ.update(standin_environment(scratch))
@@ -227,6 +301,19 @@ def main() -> None:
         if label != "bare subprocess.run":
             print(f"ratio {label} / bare: {total / base:.2f} (+{total - base:.3f} ms)")
     print("lines of Python run per case: " + "; ".join(f"{k} {v:.0f}" for k, v in lines.items()))
+    if args.stages:
+        os.environ[READY_ENV] = "0"
+        for _ in range(10):
+            case()
+        ending.wait(30)
+        found = stages(case, args.cases)
+        whole = found[0][2]
+        print("where run_code's CPU goes, ready guests off (the case's thread; ms per case)")
+        for depth, label, spent, calls in found:
+            name = "  " * max(depth, 0) + label
+            times = f" x{calls:.0f}" if calls > 1 else ""
+            print(f"  {name:44} {spent:7.3f} {100 * spent / whole:5.1f}%{times}")
+        ending.wait(30)
     sys.stdout.flush()
 
 

@@ -116,8 +116,9 @@ def test_bench_host_cpu_prints_each_side_and_the_ratios_to_the_bare_spawn() -> N
     """bench_host_cpu.py: run_code (ready guests off and on), the least case in plain Python
     and the bare spawn, each with the worker's and the helpers' CPU and switches, and each
     ratio to the bare spawn (its figures are not judged: they are one noisy run's)."""
-    done = bench("bench_host_cpu.py", "--cases", "4", standin=False)
-    lines = done.stdout.splitlines()
+    done = bench("bench_host_cpu.py", "--cases", "4", "--stages", standin=False)
+    lines, steps = done.stdout.split("where run_code's CPU goes", 1)
+    lines = lines.splitlines()
     table = {line[:32].strip(): line[32:].split() for line in lines[2:6]}
     assert list(table) == [
         "run_code, ready guests off",
@@ -138,6 +139,26 @@ def test_bench_host_cpu_prints_each_side_and_the_ratios_to_the_bare_spawn() -> N
     assert counted != lines[-1]
     figures = dict(part.rsplit(" ", 1) for part in counted.split("; "))
     assert list(figures) == list(table) and all(int(n) > 0 for n in figures.values())
+    # and with --stages, run_code's path step by step: each step's CPU within its caller's
+    rows = re.findall(r"^  ( *)(\S.*?)\s+([\d.]+)\s+([\d.]+)%(?: x\d+)?$", steps, re.MULTILINE)
+    assert [label for _, label, _, _ in rows][:3] == [
+        "run_code",
+        "the request validated",
+        "the gate passed and the case run",
+    ]
+    assert rows[-1][1] == "other threads (the ender)" and len(rows) > 10
+    whole = float(rows[0][2])
+    assert whole > 0 and float(rows[0][3]) == 100.0
+    for index, (indent, label, spent, share) in enumerate(rows[:-1]):
+        assert float(share) == pytest.approx(100 * float(spent) / whole, abs=0.3), label
+        depth = len(indent) // 2
+        within = []
+        for below_indent, _, below, _ in rows[index + 1 : -1]:
+            if len(below_indent) // 2 <= depth:
+                break
+            if len(below_indent) // 2 == depth + 1:
+                within.append(float(below))
+        assert sum(within) <= float(spent) + 0.005, label
 
 
 def test_bench_serve_prints_serve_beside_run_code_and_a_bare_http_round_trip() -> None:
