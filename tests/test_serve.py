@@ -1066,7 +1066,8 @@ def test_a_flooded_queue_is_refused_before_the_bodies_are_read(serve: Serve) -> 
     assert server_peak_rss_kib(served) - before < declared // 1024
     for thread, answer in held:
         thread.join()
-        assert answer[0].json()["run_result"]["stdout"] == "held\n"
+        said = answer[0].json()
+        assert (said.get("run_result") or {}).get("stdout") == "held\n", said
     assert metric(served, 'verl_hyperlight_cases_total{status="rejected"}') == 300
     assert metric(served, "verl_hyperlight_cases_queued") == 0
     assert metric(served, "verl_hyperlight_cases_in_flight") == 0
