@@ -1022,7 +1022,9 @@ def test_a_flooded_queue_is_refused_before_the_bodies_are_read(serve: Serve) -> 
     served = serve(
         "--max-concurrent", "1", "--max-queue", "2", "--max-wait", "60", "--max-body-mb", "16"
     )
-    slow = body("import time\ntime.sleep(3)\nprint('held')")
+    # A queued case waits for a micro-VM up to its compile_timeout + 5 s (verl's budget), 15 s
+    # by default: two cases of 3 s on a loaded machine under this flood can take longer.
+    slow = body("import time\ntime.sleep(3)\nprint('held')", compile_timeout=55)
     held = [post_in_background(served, slow) for _ in range(3)]  # one runs, two wait
     assert wait_for(lambda: metric(served, "verl_hyperlight_cases_queued") == 2)
     before = server_peak_rss_kib(served)
