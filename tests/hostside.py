@@ -24,6 +24,7 @@ import pytest
 from verl_hyperlight import deadlines as _deadlines
 from verl_hyperlight import settings as _settings
 from verl_hyperlight.case import api as _api
+from verl_hyperlight.case import builds as _builds
 from verl_hyperlight.case import casedir as _casedir
 from verl_hyperlight.case import failures as _failures
 from verl_hyperlight.case import gate as _gate
@@ -108,6 +109,7 @@ def host(hluk: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterato
     monkeypatch.setattr(_failures, "log", _failures.FailureLog())
     monkeypatch.setattr(_settings, "_unusable", CauseCounts())
     _gate.forget()
+    _builds.forget()  # each test compiles its sources itself (tests/test_builds.py: the kept)
     yield found
     # A spawner started again in the background (spawners._retry) ends here, under the test's
     # patches: left running, it put the spawner it started into the next test's patched pool

@@ -333,6 +333,38 @@ def test_the_program_gets_stdin_and_its_stdout_stderr_and_status_come_back_apart
     assert response["run_result"]["execution_time"] < response["compile_result"]["execution_time"]
 
 
+def test_the_cases_of_one_solution_share_one_compile(
+    compiles: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As verl sends them: each test case of a solution a request of its own, the same code,
+    at once; then the solution's next batch. One compile (case/builds.py), each case its own
+    run of the program it built, each answer its compile's compile_result."""
+    compiling: list[bytes] = []
+    build = compiled.build
+
+    def counted(language: str, code: bytes, *args: Any) -> compiled.Build:
+        compiling.append(code)
+        return build(language, code, *args)
+
+    monkeypatch.setattr(compiled, "build", counted)
+    code = (
+        "#include <bits/stdc++.h>\nint main() { long a, b; std::cin >> a >> b;\n"
+        '  std::cout << a * b << "\\n"; }\n'
+    )
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda n: run(code, "cpp", f"{n} 3\n"), range(8)))
+    assert [result(answer)[3] for answer in answers] == [f"{3 * n}\n" for n in range(8)]
+    assert len(compiling) == 1
+    assert all(answer["compile_result"] == answers[0]["compile_result"] for answer in answers)
+    assert len(compiles.case_runs()) == 8
+    assert result(run(code, "cpp", "5 5\n"))[3] == "25\n" and len(compiling) == 1
+    # Another source compiles; so does a case whose compile_timeout the kept compile took more
+    # than (as the service's would, it runs out of time).
+    assert result(run(code + "\n", "cpp", "2 2\n"))[3] == "4\n" and len(compiling) == 2
+    late = run(code, "cpp", "1 1\n", compile_timeout=0.001)
+    assert late["compile_result"]["status"] == "TimeLimitExceeded" and len(compiling) == 3
+
+
 def test_a_program_killed_by_a_signal_has_its_negative_status(compiles: Host) -> None:
     response = run("#include <cstdlib>\nint main() { std::abort(); }\n", "cpp")
     status, run_status, code, _, _ = result(response)

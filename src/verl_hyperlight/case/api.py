@@ -21,7 +21,7 @@ from ..guest import protocol
 from ..hluk import ending, watch
 from ..hluk.binary import hluk_path
 from ..outcome import RawOutcome
-from . import casedir, cluster, compiled, failures, gate, packages, pytest_library, ready
+from . import builds, casedir, cluster, compiled, failures, gate, packages, pytest_library, ready
 from .guests import CASE_MOUNT, LANGUAGE_IMAGES, Guest, guest_for, workload_code
 from .response import (
     CASE_CANCELLED,
@@ -380,7 +380,7 @@ def _built_case(
     with the transpiler's words."""
     path = hluk_path()  # before the compile: a node without hluk says so at once
     try:
-        built = compiled.build(language, case.code, compile_timeout, cancel)
+        built = builds.build(language, case.code, compile_timeout, cancel)
     except BackendError as exc:
         # This node cannot compile the language: its cases fail, the others run.
         failures.log.record(exc.cause, str(exc), f"its {language} cases score -1")

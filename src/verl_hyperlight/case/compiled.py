@@ -158,6 +158,9 @@ class Build:
 
     result: dict[str, Any]
     program: bytes | None
+    # Whether a compile of the same source would give the same (False: it ran past its
+    # deadline, which load may cause, or the program it left could not be read).
+    repeatable: bool = True
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,7 @@ def _compile(
         "stderr": stderr,
     }
     built = None
+    repeatable = status is not None
     if status == 0:
         try:
             if toolchain.classes is not None:
@@ -284,7 +288,8 @@ def _compile(
         except OSError as exc:
             result["return_code"] = 1
             result["stderr"] += f"\nverl-hyperlight: the compiler left no program ({exc})\n"
-    return Build(result, built)
+            repeatable = False
+    return Build(result, built, repeatable)
 
 
 def _jar(classes: str) -> bytes:
@@ -405,6 +410,12 @@ def _sandbox(bwrap: str, directory: str, toolchain: _Toolchain) -> list[str]:
 
 
 # The toolchains, found once per process (and again after one was not found).
+
+
+def toolchain(language: str) -> object:
+    """What compiles `language` in this process now, and with what memory, as a value equal
+    to itself until either changes (builds.py's key); BackendError when nothing does."""
+    return _toolchain(language), settings.COMPILE_MEMORY_MB.value()
 
 
 def _toolchain(language: str, warm: bool = True) -> _Toolchain:

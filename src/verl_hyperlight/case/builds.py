@@ -1,0 +1,160 @@
+"""Compiles kept per process: the cases of one solution share its compile.
+
+verl sends each test case of a solution as a request of its own, with the same code, and
+Sandbox Fusion compiles it again for each, so a C++ solution of ten cases is compiled ten
+times: about 1.5 s of a host CPU each for one that includes <bits/stdc++.h>, against a
+millisecond or two for its run. Here the first case of a source compiles it
+(``compiled.build``); the cases of the same source that come meanwhile wait for that compile,
+and those after it take what it gave while the process keeps it. A case gets the bytes the
+compiler wrote, written into its own case directory as any program is: the program a compile of
+its own would have given it.
+
+What is kept: a compile that finished, whether it built a program or failed with the
+compiler's words (the same source fails alike); never one that ran past its deadline (load may
+have slowed it), one its case's cancel killed, or a node's failure (BackendError). The key is
+the language, the toolchain that compiles it in this process (found again, a new key, when a
+setting points elsewhere) and the source's SHA-256. A kept compile that took longer than a
+later case's compile_timeout is not that case's: it compiles itself and runs out of time, as
+the service's would. A compile that ran out of its time is given to the cases that waited
+for it with no more time than it had; when it failed otherwise, they go on as cases that come
+then: one of them compiles, the others wait for it. Each answer's compile_result is its
+compile's, the time it took too. At most KEPT_BYTES of compiles are kept, the least recently
+used going first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+
+from .. import cancel as cancels
+from ..errors import Refused
+from . import compiled
+from .response import CASE_CANCELLED
+
+# What a process keeps of compiles at most: a static C++ program is about 2 MiB.
+KEPT_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class _Flight:
+    """A compile under way, and the cases of its source waiting for it."""
+
+    timeout: float
+    waiting: list[threading.Event] = field(default_factory=list)
+    done: compiled.Build | None = None  # its outcome, once it has one to give
+
+
+class _Kept:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[object, ...], tuple[compiled.Build, int]] = OrderedDict()
+        self._bytes = 0
+        self._flights: dict[tuple[object, ...], _Flight] = {}
+
+    def build(
+        self, language: str, code: bytes, timeout: float, cancel: threading.Event | None
+    ) -> compiled.Build:
+        key = (language, compiled.toolchain(language), hashlib.sha256(code).digest())
+        with self._lock:
+            found = self._kept.get(key)
+            flight = self._flights.get(key)
+            woken = None
+            if found is not None:
+                self._kept.move_to_end(key)
+                if found[0].result["execution_time"] <= timeout:
+                    return found[0]
+                leads = False  # kept, but slower than this case may take: a compile of its own
+            elif flight is None:
+                flight = self._flights[key] = _Flight(timeout)
+                leads = True
+            else:
+                woken = threading.Event()
+                flight.waiting.append(woken)
+        if woken is not None:
+            assert flight is not None
+            return self._wait(flight, woken, language, code, timeout, cancel)
+        done = None
+        try:
+            done = compiled.build(language, code, timeout, cancel)
+            return done
+        finally:
+            if leads:
+                assert flight is not None
+                self._land(key, flight, done)
+
+    def _wait(
+        self,
+        flight: _Flight,
+        woken: threading.Event,
+        language: str,
+        code: bytes,
+        timeout: float,
+        cancel: threading.Event | None,
+    ) -> compiled.Build:
+        """The outcome of `flight`, another case's compile of this source, once it has one:
+        this case's own compile when it gives none this case may take."""
+        with cancels.on_set(cancel, woken.set) as wakes:
+            while not woken.wait(cancels.longest_sleep(cancel, wakes, None)):
+                if cancel is not None and cancel.is_set():
+                    break
+        with self._lock:
+            if woken in flight.waiting:
+                flight.waiting.remove(woken)
+            done = flight.done
+        if done is None and cancel is not None and cancel.is_set():
+            raise Refused(CASE_CANCELLED)
+        if done is not None:
+            if done.repeatable and done.result["execution_time"] <= timeout:
+                return done
+            if done.result["status"] == "TimeLimitExceeded" and timeout <= flight.timeout:
+                return done  # it ran past more time than this case has
+        # Compiled as if it came now: the next compile of the source, or a wait for it.
+        return self.build(language, code, timeout, cancel)
+
+    def _land(self, key: tuple[object, ...], flight: _Flight, done: compiled.Build | None) -> None:
+        """`flight`'s compile has ended with `done` (None: it raised): kept if it is the
+        source's own outcome, and given to the cases waiting for it."""
+        with self._lock:
+            del self._flights[key]
+            flight.done = done
+            if done is not None and done.repeatable:
+                self._keep(key, done)
+            for woken in flight.waiting:
+                woken.set()
+
+    def _keep(self, key: tuple[object, ...], done: compiled.Build) -> None:
+        result = done.result
+        size = len(done.program or b"") + len(result["stdout"]) + len(result["stderr"]) + 512
+        if size > KEPT_BYTES:
+            return
+        self._kept[key] = (done, size)
+        self._bytes += size
+        while self._bytes > KEPT_BYTES:
+            _, (_, dropped) = self._kept.popitem(last=False)
+            self._bytes -= dropped
+
+
+_kept = _Kept()
+
+
+def build(
+    language: str, code: bytes, timeout: float, cancel: threading.Event | None = None
+) -> compiled.Build:
+    """`compiled.build` of `code`, or the outcome of a compile of the same source this process
+    ran or runs now (see the module's docstring). Its compile_result is the case's own copy:
+    what a caller does to its response reaches no other case's."""
+    done = _kept.build(language, code, timeout, cancel)
+    return replace(done, result=dict(done.result))
+
+
+def forget() -> None:
+    """Keep nothing compiled so far (a new process's state)."""
+    global _kept
+    _kept = _Kept()
+
+
+os.register_at_fork(after_in_child=forget)
