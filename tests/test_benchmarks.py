@@ -112,6 +112,21 @@ def test_bench_teardown_prints_each_teardown_with_both_sides_and_their_ratio(
         assert ratio == pytest.approx(ours / bare, abs=0.01)
 
 
+def test_bench_compiles_prints_one_compile_per_solution_against_one_per_case() -> None:
+    """bench_compiles.py: a C++ solution's cases at once, with kept compiles and with each
+    case compiling: the compiles per solution (one against one per case), wall and CPU, and
+    their ratios (the figures are not judged: they are one noisy run's)."""
+    done = bench("bench_compiles.py", "--cases", "3", "--solutions", "1", standin=False)
+    lines = done.stdout.splitlines()
+    table = {line[:20].strip(): line[20:].split() for line in lines[2:4]}
+    assert list(table) == ["kept compiles", "each case compiles"], done.stdout
+    assert [float(row[0]) for row in table.values()] == [1.0, 3.0]
+    wall, cpu = lines[4].removeprefix("ratio kept / each: wall ").split(", host CPU ")
+    rows = [[float(figure) for figure in row[1:]] for row in table.values()]
+    assert float(wall) == pytest.approx(rows[0][0] / rows[1][0], abs=0.01)
+    assert float(cpu) == pytest.approx(rows[0][1] / rows[1][1], abs=0.01)
+
+
 def test_bench_host_cpu_prints_each_side_and_the_ratios_to_the_bare_spawn() -> None:
     """bench_host_cpu.py: run_code (ready guests off and on), the least case in plain Python
     and the bare spawn, each with the worker's and the helpers' CPU and switches, and each
