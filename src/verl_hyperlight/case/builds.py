@@ -4,22 +4,23 @@ verl sends each test case of a solution as a request of its own, with the same c
 Sandbox Fusion compiles it again for each, so a C++ solution of ten cases is compiled ten
 times: about 1.5 s of a host CPU each for one that includes <bits/stdc++.h>, against a
 millisecond or two for its run. Here the first case of a source compiles it
-(``compiled.build``); the cases of the same source that come meanwhile wait for that compile,
-and those after it take what it gave while the process keeps it. A case gets the bytes the
-compiler wrote, written into its own case directory as any program is: the program a compile of
-its own would have given it.
+(``compiled.build``); the cases of the same source that come meanwhile wait for that compile
+and take what it gave, and those after it take the program it built while the process keeps
+it. A case gets the bytes the compiler wrote, written into its own case directory as any
+program is: the program a compile of its own would have given it.
 
-What is kept: a compile that finished, whether it built a program or failed with the
-compiler's words (the same source fails alike); never one that ran past its deadline (load may
-have slowed it), one its case's cancel killed, or a node's failure (BackendError). The key is
-the language, the toolchain that compiles it in this process (found again, a new key, when a
-setting points elsewhere) and the source's SHA-256. A kept compile that took longer than a
-later case's compile_timeout is not that case's: it compiles itself and runs out of time, as
-the service's would. A compile that ran out of its time is given to the cases that waited
-for it with no more time than it had; when it failed otherwise, they go on as cases that come
-then: one of them compiles, the others wait for it. Each answer's compile_result is its
-compile's, the time it took too. At most KEPT_BYTES of compiles are kept, the least recently
-used going first.
+What is kept: a compile that built a program. One that failed with the compiler's words is
+given to the cases that waited for it (they met the same host), not kept: a compile error may
+be the host's moment (its disk full) rather than the source's. Nor is one that ran past its
+deadline (load may have slowed it), one its case's cancel killed, or a node's failure
+(BackendError). The key is the language, the toolchain that compiles it in this process (found
+again, a new key, when a setting points elsewhere) and the source's SHA-256. A kept compile
+that took longer than a later case's compile_timeout is not that case's: it compiles itself
+and runs out of time, as the service's would. A compile that ran out of its time is given to
+the cases that waited for it with no more time than it had; when it failed otherwise, they go
+on as cases that come then: one of them compiles, the others wait for it. Each answer's
+compile_result is its compile's, the time it took too. At most KEPT_BYTES of compiles are
+kept, the least recently used going first.
 """
 
 from __future__ import annotations
@@ -116,12 +117,12 @@ class _Kept:
         return self.build(language, code, timeout, cancel)
 
     def _land(self, key: tuple[object, ...], flight: _Flight, done: compiled.Build | None) -> None:
-        """`flight`'s compile has ended with `done` (None: it raised): kept if it is the
-        source's own outcome, and given to the cases waiting for it."""
+        """`flight`'s compile has ended with `done` (None: it raised): kept if it built a
+        program, and given to the cases waiting for it."""
         with self._lock:
             del self._flights[key]
             flight.done = done
-            if done is not None and done.repeatable:
+            if done is not None and done.repeatable and done.program is not None:
                 self._keep(key, done)
             for woken in flight.waiting:
                 woken.set()
