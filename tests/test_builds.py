@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -74,6 +74,18 @@ def compiler(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Compiler]:
     builds.forget()
 
 
+def compiling_and_waiting(
+    pool: ThreadPoolExecutor, fake: Compiler, source: bytes, cancel: threading.Event | None = None
+) -> tuple[Future[compiled.Build], Future[compiled.Build]]:
+    """A case of `source` compiling it (held by `fake`), and one more waiting for that compile
+    (with `cancel`)."""
+    first = pool.submit(builds.build, "cpp", source, 10)
+    assert fake.started.wait(10)
+    waiter = pool.submit(builds.build, "cpp", source, 10, cancel)
+    assert wait_for(lambda: len(builds._kept._flights[_key(source)].waiting) == 1)
+    return first, waiter
+
+
 def test_cases_of_one_source_at_once_share_one_compile(compiler: Callable[..., Compiler]) -> None:
     fake = compiler(held=True)
     with ThreadPoolExecutor(16) as pool:
@@ -101,10 +113,7 @@ def test_a_compile_error_is_given_to_its_waiters_and_not_kept(
     disk's, not the source's)."""
     fake = compiler(lambda code: outcome(code=1, program=None), held=True)
     with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(builds.build, "cpp", b"int main(", 10)
-        assert fake.started.wait(10)
-        waiter = pool.submit(builds.build, "cpp", b"int main(", 10)
-        assert wait_for(lambda: len(builds._kept._flights[_key(b"int main(")].waiting) == 1)
+        first, waiter = compiling_and_waiting(pool, fake, b"int main(")
         fake.release.set()
         failed = first.result(30)
         assert failed.program is None and failed.result["return_code"] == 1
@@ -157,10 +166,7 @@ def test_when_the_compile_waited_for_fails_each_waiter_compiles_itself(
 
     fake = compiler(answer, held=True)
     with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(builds.build, "cpp", b"x", 10)
-        assert fake.started.wait(10)
-        waiter = pool.submit(builds.build, "cpp", b"x", 10)
-        assert wait_for(lambda: len(builds._kept._flights[_key(b"x")].waiting) == 1)
+        first, waiter = compiling_and_waiting(pool, fake, b"x")
         fake.release.set()
         with pytest.raises(type(failure)):
             first.result(30)
@@ -176,10 +182,7 @@ def test_a_waiter_cancelled_is_answered_cancelled_and_the_compile_goes_on(
     fake = compiler(held=True)
     cancel = cancels.Cancel() if kind == "Cancel" else threading.Event()
     with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(builds.build, "cpp", b"y", 10)
-        assert fake.started.wait(10)
-        waiter = pool.submit(builds.build, "cpp", b"y", 10, cancel)
-        assert wait_for(lambda: len(builds._kept._flights[_key(b"y")].waiting) == 1)
+        first, waiter = compiling_and_waiting(pool, fake, b"y", cancel)
         cancel.set()
         with pytest.raises(Refused, match=CASE_CANCELLED):
             waiter.result(5)  # at once, the compile still running
