@@ -26,6 +26,7 @@ from verl_hyperlight import settings as _settings
 from verl_hyperlight.case import api as _api
 from verl_hyperlight.case import builds as _builds
 from verl_hyperlight.case import casedir as _casedir
+from verl_hyperlight.case import compiled as _compiled
 from verl_hyperlight.case import failures as _failures
 from verl_hyperlight.case import gate as _gate
 from verl_hyperlight.errors import CauseCounts
@@ -35,6 +36,16 @@ from verl_hyperlight.hluk import ending as _ending
 from verl_hyperlight.hluk import spawners as _spawners
 
 URL = "hyperlight://"
+
+
+def typescript_missing() -> str | None:
+    """Why this node cannot transpile TypeScript (None: it can). CI installs it; a
+    developer's node may not have it."""
+    try:
+        _compiled.check("typescript")
+    except Exception as exc:
+        return f"TypeScript is missing here ({exc}); .ci/run installs it"
+    return None
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 from conftest import STANDIN
-from hostside import KVM_FAILURE, Host, fail_with
+from hostside import KVM_FAILURE, Host, fail_with, typescript_missing
 
 from verl_hyperlight import diagnosis as _diagnosis
 from verl_hyperlight import node
 from verl_hyperlight import settings as _settings
-from verl_hyperlight.case import compiled
 from verl_hyperlight.cli import main
 from verl_hyperlight.commands import doctor
-from verl_hyperlight.errors import BackendError
 from verl_hyperlight.hluk import cleaner as _cleaner
 from verl_hyperlight.hluk import spawn as _spawn
 from verl_hyperlight.hluk import spawners as _spawners
@@ -30,14 +28,6 @@ def run_doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dic
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] == (status == 0)
     return status, {check["name"]: check for check in report["checks"]}
-
-
-def _typescript_missing() -> bool:
-    try:
-        compiled.check("typescript")
-    except BackendError:
-        return True
-    return False
 
 
 @pytest.fixture
@@ -69,7 +59,7 @@ def test_a_healthy_node_passes_every_check_and_prints_one_line_each(
     ]
     compilers = ["cpp", "go", "rust", "java", "typescript"]
     images = ["nodejs", "java", "bash"]
-    if _typescript_missing():
+    if typescript_missing() is not None:
         # A developer's node without TypeScript (CI installs it; tests/test_nodejs.py skips
         # its cases): its check warns, with its fix on the next line, and the node passes.
         at = [line.split()[1] for line in lines].index("typescript")

@@ -28,11 +28,12 @@ from hostside import (
     assert_stopped_for_its_stdout,
     standin_run,
     stdouts_in_ready_guests_and_fresh_ones,
+    typescript_missing,
 )
 from serving import Served
 
 from verl_hyperlight import settings
-from verl_hyperlight.case import api, compiled
+from verl_hyperlight.case import api
 from verl_hyperlight.case.guests import NODE, guest_for
 from verl_hyperlight.commands import selftest
 from verl_hyperlight.guest.protocol import OUTPUT_LIMIT
@@ -162,16 +163,8 @@ def test_sandbox_fusions_nodejs_test_through_run_code(
 # --- Sandbox Fusion's sandbox/tests/runners/test_typescript.py ---------------------------
 
 
-def _typescript_missing() -> str | None:
-    try:
-        compiled.check("typescript")
-    except Exception as exc:
-        return f"TypeScript is missing here ({exc}); .ci/run installs it"
-    return None
-
-
 needs_typescript = pytest.mark.skipif(
-    _typescript_missing() is not None, reason=str(_typescript_missing())
+    typescript_missing() is not None, reason=str(typescript_missing())
 )
 
 TS_TESTS: list[tuple[str, str, Check, str | None, float]] = [
@@ -247,8 +240,8 @@ def test_sandbox_fusions_typescript_test_through_run_code(
 def test_sandbox_fusions_tests_through_serve(
     host: Host, serve: Callable[..., Served], language: str
 ) -> None:
-    if language == "typescript" and _typescript_missing() is not None:
-        pytest.skip(str(_typescript_missing()))
+    if language == "typescript" and typescript_missing() is not None:
+        pytest.skip(str(typescript_missing()))
     tests = SF_TESTS if language == "nodejs" else TS_TESTS
     serve().check_cases(language, [(*test[1:], {}) for test in tests])
 
