@@ -60,32 +60,29 @@ class _Kept:
         self, language: str, code: bytes, timeout: float, cancel: threading.Event | None
     ) -> compiled.Build:
         key = (language, compiled.toolchain(language), hashlib.sha256(code).digest())
+        leads = None  # the flight this case's compile is, if it is one
+        waits: tuple[_Flight, threading.Event] | None = None  # the flight it waits for
         with self._lock:
             found = self._kept.get(key)
-            flight = self._flights.get(key)
-            woken = None
             if found is not None:
                 self._kept.move_to_end(key)
                 if found[0].result["execution_time"] <= timeout:
                     return found[0]
-                leads = False  # kept, but slower than this case may take: a compile of its own
-            elif flight is None:
-                flight = self._flights[key] = _Flight(timeout)
-                leads = True
+                # kept, but slower than this case may take: a compile of its own
+            elif (flight := self._flights.get(key)) is None:
+                leads = self._flights[key] = _Flight(timeout)
             else:
-                woken = threading.Event()
-                flight.waiting.append(woken)
-        if woken is not None:
-            assert flight is not None
-            return self._wait(flight, woken, language, code, timeout, cancel)
+                waits = flight, threading.Event()
+                flight.waiting.append(waits[1])
+        if waits is not None:
+            return self._wait(*waits, language, code, timeout, cancel)
         done = None
         try:
             done = compiled.build(language, code, timeout, cancel)
             return done
         finally:
-            if leads:
-                assert flight is not None
-                self._land(key, flight, done)
+            if leads is not None:
+                self._land(key, leads, done)
 
     def _wait(
         self,
