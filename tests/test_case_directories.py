@@ -45,14 +45,19 @@ print(json.dumps(sorted(name for name in os.listdir("/dev/shm") if "verl-hyperli
 
 
 def run_worker(
-    tmp_path: Path, tmpfs_options: str, cases: int, stdin_mib: float, **env: str
+    tmp_path: Path,
+    tmpfs_options: str,
+    cases: int,
+    stdin_mib: float,
+    worker: str = WORKER,
+    **env: str,
 ) -> tuple[list[list[Any]], list[str], str]:
-    """Run WORKER with a /dev/shm of its own (a tmpfs mounted with `tmpfs_options`); its
+    """Run `worker` with a /dev/shm of its own (a tmpfs mounted with `tmpfs_options`); its
     answers (response, error, the stdout a right answer has), what it left in /dev/shm, and
     its stderr."""
     mount = f"mount -t tmpfs -o {shlex.quote(tmpfs_options)} verl-hyperlight-test /dev/shm"
     done = subprocess.run(
-        in_mount_namespace(mount, [sys.executable, "-c", WORKER, str(cases), str(stdin_mib)]),
+        in_mount_namespace(mount, [sys.executable, "-c", worker, str(cases), str(stdin_mib)]),
         capture_output=True,
         text=True,
         timeout=300,
@@ -148,5 +153,67 @@ def test_a_full_case_directory_chosen_by_the_operator_is_a_clear_backend_failure
     assert all(_settings.CASE_DIR.name in m for m in messages), messages[0]
     errors = [line for line in stderr.splitlines() if line.startswith("ERROR")]
     assert len(errors) == 1 and "/dev/shm" in errors[0], stderr
+    assert "Traceback" not in stderr and "internal error" not in stderr, stderr
+    assert left == [] and list(worker_tmp.glob("verl-hyperlight-*")) == []
+
+
+# A reward worker scoring C++ solutions, `cases` at once, each a solution of its own whose
+# program holds a `program_mib` MiB array (initialized: its bytes are in the program), the
+# first case's program small (no array) when `program_mib` is negative. Each prints its number.
+COMPILING_WORKER = """
+import json, logging, os, sys
+from concurrent.futures import ThreadPoolExecutor
+from verl_hyperlight import run_code
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+cases, program_mib = int(sys.argv[1]), int(float(sys.argv[2]))
+def case(i):
+    size = 0 if program_mib < 0 and i == 0 else abs(program_mib)
+    array = f"char big[{size} << 20] = {{{i + 1}}};" if size else "char big[1] = {%d};" % (i + 1)
+    code = "#include <cstdio>\\n" + array + '\\nint main() { std::printf("%d\\\\n", big[0]); }\\n'
+    response, error = run_code("hyperlight://", code, "", 60, 60, None, "cpp")
+    return [response, error, f"{i + 1}\\n"]
+with ThreadPoolExecutor(cases if program_mib > 0 else 1) as pool:
+    print(json.dumps(list(pool.map(case, range(cases)))))
+print(json.dumps(sorted(name for name in os.listdir("/dev/shm") if "verl-hyperlight" in name)))
+"""
+
+
+def test_compiles_keep_the_tmpfs_half_free_and_a_small_tmpfs_sends_them_to_tmpdir(
+    host: Host, worker_tmp: Path, tmp_path: Path
+) -> None:
+    # Docker's default /dev/shm (64 MiB), six C++ solutions at once whose programs are 12 MiB
+    # each: on the tmpfs, their programs would fill it (72 MiB) and fail to link, answered as
+    # compile errors of right solutions. A compile's directory is given room for its program
+    # (compiled.BUILD_ROOM), which half of this tmpfs is not: they compile in TMPDIR.
+    answers, left, stderr = run_worker(tmp_path, "size=64m", 6, 12, COMPILING_WORKER)
+    wrong = [
+        (response, error)
+        for response, error, right in answers
+        if not response or result(response)[:4] != ("Success", "Finished", 0, right)
+    ]
+    assert wrong == [], wrong
+    said = [line for line in stderr.splitlines() if line.startswith("WARNING")]
+    assert any("too small for a compile's directory of" in line for line in said), stderr
+    assert len(said) == len(set(said)) and all(_settings.CASE_DIR.name in s for s in said), said
+    assert "Traceback" not in stderr and "internal error" not in stderr, stderr
+    assert left == [] and list(worker_tmp.glob("verl-hyperlight-*")) == []
+
+
+def test_a_compile_failing_for_want_of_room_is_the_nodes_failure_not_the_solutions(
+    host: Host, worker_tmp: Path, tmp_path: Path
+) -> None:
+    # The operator chose an 8 MiB tmpfs for case directories: a small program compiles and
+    # runs there; one of 12 MiB cannot be linked there (ld says only that it failed), which is
+    # answered as the node's failure, named, with what to do, never a CompileError.
+    answers, left, stderr = run_worker(
+        tmp_path, "size=8m", 2, -12, COMPILING_WORKER, **{_settings.CASE_DIR.name: "/dev/shm"}
+    )
+    (small, small_error, small_right), (big, big_error, _) = answers
+    assert small_error is None and result(small)[:4] == ("Success", "Finished", 0, small_right)
+    assert big_error is None and big["compile_result"] is None, big
+    message = sandbox_error(big)
+    assert "a compile failed in /dev/shm" in message and _settings.CASE_DIR.name in message
+    errors = [line for line in stderr.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 1 and "a compile failed in /dev/shm" in errors[0], stderr
     assert "Traceback" not in stderr and "internal error" not in stderr, stderr
     assert left == [] and list(worker_tmp.glob("verl-hyperlight-*")) == []

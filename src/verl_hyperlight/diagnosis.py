@@ -24,6 +24,7 @@ INSTALL_COMMAND = (
 INSTALL_HINT = f"install it ({INSTALL_COMMAND}) or set HLUK_PATH"
 # What doctor says where a failure has no fix of its own.
 SEE_WARM_UP = "see the message; `verl-hyperlight warm-up` says more"
+MIB = 1024 * 1024
 # What becomes of a case that failed for want of what comes free again.
 ONE_OFF = "this case is answered SandboxError, later cases run"
 
@@ -373,6 +374,21 @@ def case_directory_unusable(
         f"cannot make a case directory in {root} ({exc.strerror})",
         f"point {where} at a writable directory",
         "case-directory",
+    )
+
+
+def compile_without_room(root: str, free: int, room: int, *, chosen: bool) -> BackendError:
+    """A compile in `root` failed with `free` bytes left there, less than the `room` a
+    compile's program and objects are given: its failure may be the disk's, not the
+    solution's. `chosen`: `root` is the operator's CASE_DIR."""
+    where = CASE_DIR.name if chosen else f"{CASE_DIR.name} (else TMPDIR)"
+    return _failed(
+        f"a compile failed in {root} with {free / MIB:.1f} MiB free there, less than the "
+        f"{room // MIB} MiB a compile's program and objects are given: the failure may be "
+        "for want of room, and is not counted against the solution",
+        f"free space there, or point {where} at a directory with room for max_concurrent "
+        f"compiles ({room // MIB} MiB each)",
+        "compile-directory-full",
     )
 
 

@@ -106,15 +106,17 @@ class CaseDir:
         _remove_case(self.path, self.names)
 
 
-def make(files: list[tuple[str, bytes]]) -> CaseDir:
+def make(files: list[tuple[str, bytes]], room: int = 0) -> CaseDir:
     """A new case directory, only ours, holding `files`; BackendError when none can be made
-    or written, with what to do."""
+    or written, with what to do. `room`: the bytes that will be written in it beyond `files`
+    (a compile's program and objects), counted where it is placed (on the tmpfs only while
+    that leaves it half free)."""
     chosen = settings.CASE_DIR.value()
     size = sum(len(data) for _, data in files)
     if chosen:
         root = settings.absolute(chosen)
     else:
-        if _tmpfs_has_room(size):
+        if _tmpfs_has_room(size + room, "a compile's directory" if room else "a case"):
             try:
                 return _make_in(TMPFS, files)
             except OSError as exc:
@@ -166,8 +168,18 @@ def fill(made: CaseDir, files: list[tuple[str, bytes]]) -> CaseDir:
     return filled
 
 
-def _tmpfs_has_room(size: int) -> bool:
-    """Whether a case of `size` bytes fits on the tmpfs and leaves it at least half free."""
+def free_bytes(made: CaseDir) -> int | None:
+    """The bytes free for us on the file system holding `made` (None: it cannot be told)."""
+    try:
+        found = os.statvfs(made.path)
+    except OSError:
+        return None
+    return found.f_bavail * found.f_frsize
+
+
+def _tmpfs_has_room(size: int, what: str = "a case") -> bool:
+    """Whether `what` (a case, a compile) of `size` bytes fits on the tmpfs and leaves it at
+    least half free."""
     try:
         found = os.statvfs(TMPFS)
     except OSError as exc:
@@ -177,8 +189,8 @@ def _tmpfs_has_room(size: int) -> bool:
     free = found.f_bavail * found.f_frsize
     if size > total * (1 - TMPFS_KEEP_FREE):
         _warnings.once(
-            "tmpfs-too-small",
-            f"the tmpfs {TMPFS} ({total / MIB:.0f} MiB) is too small for a case of "
+            f"tmpfs-too-small-for-{what}",
+            f"the tmpfs {TMPFS} ({total / MIB:.0f} MiB) is too small for {what} of "
             f"{size / MIB:.1f} MiB (case directories keep it at least half free)",
         )
         return False

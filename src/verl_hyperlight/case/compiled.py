@@ -98,6 +98,11 @@ JAVA_RELEASE = 21
 COMPILER_OUTPUT_LIMIT = 1024 * 1024
 # The largest file a compile may write (the program, its objects): far past any program's.
 FILE_SIZE_LIMIT = 512 * 1024 * 1024
+# The room a compile's directory is made with beyond its source (casedir.make's `room`): its
+# program and the objects written beside it (rustc's), with a wide margin (a C++ program that
+# includes <bits/stdc++.h> is under 1 MiB here). A compile that fails with less than this free
+# there is the node's failure, not the solution's (diagnosis.compile_without_room).
+BUILD_ROOM = 64 * 1024 * 1024
 # Where the build's directory is, inside the sandbox.
 BUILD = "/build"
 # How often a compile's wait looks for its exit where it cannot be woken by it (no pidfd:
@@ -185,10 +190,20 @@ def build(
     when `cancel` is set meanwhile (the compile killed)."""
     toolchain = _toolchain(language)
     bwrap = _bwrap(need_overlay=toolchain.go_cache is not None)
-    made = casedir.make([(toolchain.source, code), *toolchain.files])
+    made = casedir.make([(toolchain.source, code), *toolchain.files], room=BUILD_ROOM)
     try:
         output = "solution.js" if language in TRANSPILED else PROGRAM_NAMES[language]
-        return _compile(bwrap, toolchain, made.path, output, timeout, cancel)
+        done = _compile(bwrap, toolchain, made.path, output, timeout, cancel)
+        if done.result["return_code"] not in (0, None):
+            # A compiler (a linker) that runs out of room may say only that it failed (ld:
+            # "returned 1 exit status"): a failure where less than BUILD_ROOM is free is
+            # answered as the node's, as a case directory that cannot be written is.
+            free = casedir.free_bytes(made)
+            if free is not None and free < BUILD_ROOM:
+                raise diagnosis.compile_without_room(
+                    made.parent, free, BUILD_ROOM, chosen=bool(settings.CASE_DIR.value())
+                )
+        return done
     finally:
         # The program and the objects are the compile's own: removed with the directory.
         shutil.rmtree(made.path, ignore_errors=True)
