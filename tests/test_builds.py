@@ -87,11 +87,15 @@ def compiling_and_waiting(
 
 
 def test_cases_of_one_source_at_once_share_one_compile(compiler: Callable[..., Compiler]) -> None:
+    # A problem's 64 test cases, sent at once by verl (one thread each, as check_correctness's
+    # pool sends them).
     fake = compiler(held=True)
-    with ThreadPoolExecutor(16) as pool:
-        futures = [pool.submit(builds.build, "cpp", b"int main(){}", 10) for _ in range(16)]
+    with ThreadPoolExecutor(64) as pool:
+        futures = [pool.submit(builds.build, "cpp", b"int main(){}", 10) for _ in range(64)]
         assert fake.started.wait(10)
         assert not any(future.done() for future in futures)  # the others wait for that one
+        flight = builds._kept._flights[_key(b"int main(){}")]
+        assert wait_for(lambda: len(flight.waiting) == 63)
         fake.release.set()
         found = [future.result(30) for future in futures]
     assert fake.calls == [b"int main(){}"]
