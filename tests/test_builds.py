@@ -20,7 +20,7 @@ from hostside import wait_for
 from verl_hyperlight import cancel as cancels
 from verl_hyperlight.case import builds, compiled
 from verl_hyperlight.case.response import CASE_CANCELLED
-from verl_hyperlight.errors import BackendError, Refused
+from verl_hyperlight.errors import BackendError, Diagnosis, Refused
 
 
 def outcome(
@@ -156,7 +156,13 @@ def test_a_kept_compile_slower_than_a_cases_limit_is_not_that_cases(
     assert len(fake.calls) == 2
 
 
-@pytest.mark.parametrize("failure", [BackendError("no g++ here"), Refused(CASE_CANCELLED)])
+# A failure of the node's that comes free again (a one-off: its processes ran out), or the
+# leading case's own cancel.
+ONE_OFF = BackendError(Diagnosis("no process could be made", "wait", "out-of-processes", False))
+LASTING = BackendError(Diagnosis("a compile failed in /dev/shm with 1 MiB free", "free space", "x"))
+
+
+@pytest.mark.parametrize("failure", [ONE_OFF, Refused(CASE_CANCELLED)])
 def test_when_the_compile_waited_for_fails_each_waiter_compiles_itself(
     compiler: Callable[..., Compiler], failure: Exception
 ) -> None:
@@ -177,6 +183,33 @@ def test_when_the_compile_waited_for_fails_each_waiter_compiles_itself(
         assert waiter.result(30).program == b"P"
     assert len(fake.calls) == 2
     assert builds.build("cpp", b"x", 10).program == b"P" and len(fake.calls) == 2
+
+
+def test_the_nodes_lasting_failure_is_given_to_the_cases_that_waited_not_met_again_by_each(
+    compiler: Callable[..., Compiler],
+) -> None:
+    # A full disk: each of a solution's 64 cases compiling in turn to meet it again would hold
+    # the last one for 63 compiles.
+    def answer(code: bytes) -> compiled.Build:
+        raise LASTING
+
+    fake = compiler(answer, held=True)
+    with ThreadPoolExecutor(8) as pool:
+        first = pool.submit(builds.build, "cpp", b"x", 10)
+        assert fake.started.wait(10)
+        waiters = [pool.submit(builds.build, "cpp", b"x", 10) for _ in range(7)]
+        flight = builds._kept._flights[_key(b"x")]
+        assert wait_for(lambda: len(flight.waiting) == 7)
+        fake.release.set()
+        for future in [first, *waiters]:
+            with pytest.raises(BackendError) as raised:
+                future.result(30)
+            assert raised.value.diagnosis == LASTING.diagnosis
+    assert len(fake.calls) == 1
+    # nothing kept: a later case compiles (the disk may have room again)
+    with pytest.raises(BackendError):
+        builds.build("cpp", b"x", 10)
+    assert len(fake.calls) == 2
 
 
 @pytest.mark.parametrize("kind", ["Cancel", "plain Event"])

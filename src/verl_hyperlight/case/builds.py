@@ -13,14 +13,15 @@ What is kept: a compile that built a program. One that failed with the compiler'
 given to the cases that waited for it (they met the same host), not kept: a compile error may
 be the host's moment (its disk full) rather than the source's. Nor is one that ran past its
 deadline (load may have slowed it), one its case's cancel killed, or a node's failure
-(BackendError). The key is the language, the toolchain that compiles it in this process (found
-again, a new key, when a setting points elsewhere) and the source's SHA-256. A kept compile
-that took longer than a later case's compile_timeout is not that case's: it compiles itself
-and runs out of time, as the service's would. A compile that ran out of its time is given to
-the cases that waited for it with no more time than it had; when it failed otherwise, they go
-on as cases that come then: one of them compiles, the others wait for it. Each answer's
-compile_result is its compile's, the time it took too. At most KEPT_BYTES of compiles are
-kept, the least recently used going first.
+(BackendError): a lasting one (a full disk, no sandbox) is given to the cases that waited for
+it, as the compiles they would run would meet it too. The key is the language, the toolchain
+that compiles it in this process (found again, a new key, when a setting points elsewhere) and
+the source's SHA-256. A kept compile that took longer than a later case's compile_timeout is
+not that case's: it compiles itself and runs out of time, as the service's would. A compile
+that ran out of its time is given to the cases that waited for it with no more time than it
+had; when it failed otherwise, they go on as cases that come then: one of them compiles, the
+others wait for it. Each answer's compile_result is its compile's, the time it took too. At
+most KEPT_BYTES of compiles are kept, the least recently used going first.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 from .. import cancel as cancels
-from ..errors import Refused
+from ..errors import BackendError, Refused
 from . import compiled
 from .response import CASE_CANCELLED
 
@@ -47,6 +48,7 @@ class _Flight:
     timeout: float
     waiting: list[threading.Event] = field(default_factory=list)
     done: compiled.Build | None = None  # its outcome, once it has one to give
+    failed: BackendError | None = None  # the node's lasting failure it ended in, to give
 
 
 class _Kept:
@@ -76,13 +78,16 @@ class _Kept:
                 flight.waiting.append(waits[1])
         if waits is not None:
             return self._wait(*waits, language, code, timeout, cancel)
-        done = None
+        done = failed = None
         try:
             done = compiled.build(language, code, timeout, cancel)
             return done
+        except BackendError as exc:
+            failed = exc
+            raise
         finally:
             if leads is not None:
-                self._land(key, leads, done)
+                self._land(key, leads, done, failed)
 
     def _wait(
         self,
@@ -102,9 +107,13 @@ class _Kept:
         with self._lock:
             if woken in flight.waiting:
                 flight.waiting.remove(woken)
-            done = flight.done
+            done, failed = flight.done, flight.failed
         if done is None and cancel is not None and cancel.is_set():
             raise Refused(CASE_CANCELLED)
+        if failed is not None:
+            # The node's, lasting: the compile this case would run meets it too (a full disk
+            # one after another for each of a solution's cases).
+            raise BackendError(failed.diagnosis)
         if done is not None:
             if done.repeatable and done.result["execution_time"] <= timeout:
                 return done
@@ -113,12 +122,20 @@ class _Kept:
         # Compiled as if it came now: the next compile of the source, or a wait for it.
         return self.build(language, code, timeout, cancel)
 
-    def _land(self, key: tuple[object, ...], flight: _Flight, done: compiled.Build | None) -> None:
-        """`flight`'s compile has ended with `done` (None: it raised): kept if it built a
-        program, and given to the cases waiting for it."""
+    def _land(
+        self,
+        key: tuple[object, ...],
+        flight: _Flight,
+        done: compiled.Build | None,
+        failed: BackendError | None,
+    ) -> None:
+        """`flight`'s compile has ended with `done` (None: it raised, `failed` when with the
+        node's failure): kept if it built a program, and given to the cases waiting for it."""
         with self._lock:
             del self._flights[key]
             flight.done = done
+            if failed is not None and failed.persistent:
+                flight.failed = failed
             if done is not None and done.repeatable and done.program is not None:
                 self._keep(key, done)
             for woken in flight.waiting:
