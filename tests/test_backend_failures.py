@@ -17,6 +17,7 @@ from conftest import STANDIN
 from hostside import GateClock, Host, fail_with, result, run, sandbox_error
 
 from verl_hyperlight import settings as _settings
+from verl_hyperlight.case import warmup
 from verl_hyperlight.errors import ZEROES_REWARDS
 
 # A hluk that crashes after the solution started: it forwards the stand-in's console until the
@@ -188,14 +189,20 @@ def test_a_guest_that_never_starts_is_a_sandbox_error_distinct_from_a_timeout(
     host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run("pass")
+    # The probes counted where they are made: a stand-in starved past the deadline on a loaded
+    # machine is killed before it logs its argv (CI's 3.13 leg, twice), so its log misses one.
+    probes: list[Any] = []
+    probe = warmup._probe
+    monkeypatch.setattr(warmup, "_probe", lambda *args: probes.append(args) or probe(*args))
     monkeypatch.setenv("HLUK_STANDIN_HANG", "1")
     monkeypatch.setenv("VERL_HYPERLIGHT_STARTUP_TIMEOUT", "1")
     message = sandbox_error(run("print(1)", run_timeout=30))
     assert "did not start within 1 s" in message
     assert "VERL_HYPERLIGHT_STARTUP_TIMEOUT" in message and "max_concurrent" in message
-    # The case's run, then, before its retry, a probe held to the same deadline, which hung too.
+    # The case's run, then, before its retry, a probe held to the same deadline, which hung too
+    # (the case's answer is its failure): no retry.
     assert len(host.case_runs()) == 1 + 1
-    assert len(host.warm_ups()) == 1 + 1
+    assert len(probes) == 1
 
 
 def test_retries_are_said_once_per_cause_then_at_every_power_of_ten(
