@@ -15,7 +15,15 @@ from pathlib import Path
 
 from .errors import BackendError, Diagnosis
 from .outcome import Ending, RawOutcome
-from .settings import CASE_DIR, HLUK_PATH, RAY_WAIT, SPAWN, STARTUP_TIMEOUT, WARM_UP_TIMEOUT
+from .settings import (
+    CASE_DIR,
+    HLUK_PATH,
+    MIB,
+    RAY_WAIT,
+    SPAWN,
+    STARTUP_TIMEOUT,
+    WARM_UP_TIMEOUT,
+)
 
 INSTALL_COMMAND = (
     "curl -fsSL https://raw.githubusercontent.com/hyperlight-dev/hyperlight-unikraft/main/"
@@ -24,7 +32,6 @@ INSTALL_COMMAND = (
 INSTALL_HINT = f"install it ({INSTALL_COMMAND}) or set HLUK_PATH"
 # What doctor says where a failure has no fix of its own.
 SEE_WARM_UP = "see the message; `verl-hyperlight warm-up` says more"
-MIB = 1024 * 1024
 # What becomes of a case that failed for want of what comes free again.
 ONE_OFF = "this case is answered SandboxError, later cases run"
 
